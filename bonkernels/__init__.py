@@ -1,0 +1,20 @@
+"""bonkernels: pass@k / max@k-aware advantages for RL on LLMs, as one fused batched op.
+
+Public API (nothing else is public):
+
+    advantages(rewards, k, estimator="maxk_loo1", *, offsets=None, lengths=None, group_ids=None,
+               deltas=None, clamp_delta=None, clip=None, scale="mean", backend="auto",
+               small_groups="error", eps=1e-6, check_inputs=True, max_group_size=None)
+    pass_at_k(correct, k, *, offsets=None, lengths=None, group_ids=None)
+    max_at_k(rewards, k, *, offsets=None, lengths=None, group_ids=None)
+    ESTIMATORS
+
+See docs/conventions.md for what each estimator computes.
+"""
+
+from .estimators import BON_RLB_DEFAULT_CLIP, ESTIMATORS
+from .ops import BACKENDS, advantages, max_at_k, pass_at_k
+
+__version__ = "0.1.0"
+
+__all__ = ["advantages", "pass_at_k", "max_at_k", "ESTIMATORS", "BACKENDS", "BON_RLB_DEFAULT_CLIP"]

@@ -1,0 +1,104 @@
+"""The estimator registry: one entry per estimator, with the facts dispatch and validation need.
+
+The mathematics lives in ``reference.py`` (the specification in code) and in the project's
+``spec/estimators.md``; this module only says, for each name, what the estimator needs.
+
+Fields of :class:`Estimator`:
+
+* ``code``: the stable integer id passed to the native and Triton kernels.
+* ``scale``: the scale the spec's formula gives ("sum": grad = sum_i A_i grad log p_i;
+  "mean": the advantage a loss that averages over samples uses). ``scale="mean"`` output is always
+  ``n_g * (scale="sum" output)``.
+* ``uses_k``: False when k is ignored (no k-versus-group-size check at all).
+* ``k_margin``: the largest valid k is ``n - k_margin`` (1 for the leave-one-out estimators
+  ``maxk_loo`` and ``maxk_loo_centered``, which need a k-subset that avoids sample i).
+* ``needs_deltas``: the off-policy estimators take ``deltas`` (pi_theta/pi_old - 1 per sample);
+  every other estimator rejects them.
+* ``binary``: rewards must be exactly 0 or 1.
+* ``unbiased``: the spec calls the estimator unbiased for grad max@k (pass@k for binary rewards).
+* ``spec``: the spec section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Estimator:
+    name: str
+    code: int
+    scale: str
+    uses_k: bool = True
+    k_margin: int = 0
+    needs_deltas: bool = False
+    binary: bool = False
+    unbiased: bool = False
+    spec: str = ""
+    summary: str = ""
+
+
+_ENTRIES = (
+    Estimator("maxk", 0, "sum", unbiased=True, spec="2.2",
+              summary="PKPO s_i = Bagirov on-policy max@k weights"),
+    Estimator("maxk_loo", 1, "sum", k_margin=1, unbiased=True, spec="2.3",
+              summary="PKPO s^(loo), as in the paper (not centered)"),
+    Estimator("maxk_loo_centered", 2, "sum", k_margin=1, unbiased=True, spec="2.3",
+              summary="centered leave-one-out: s_i - (k/n) max@k(others)"),
+    Estimator("maxk_loo1", 3, "sum", unbiased=True, spec="2.4",
+              summary="PKPO s^(loo-1); k = 1: (g_i - mean of others)/n"),
+    Estimator("maxk_offpolicy", 4, "sum", needs_deltas=True, spec="3.2",
+              summary="Bagirov first-order off-policy max@k weights"),
+    Estimator("maxk_offpolicy_exact", 5, "sum", needs_deltas=True, unbiased=True, spec="3.4",
+              summary="exact product-of-ratios off-policy max@k weights"),
+    Estimator("passk", 6, "sum", binary=True, unbiased=True, spec="2.1",
+              summary="PKPO binary effective rewards"),
+    Estimator("tang_loo", 7, "sum", uses_k=False, unbiased=True, spec="5",
+              summary="max - max of the others (the k = n case)"),
+    Estimator("bon_max_mean", 8, "mean", uses_k=False, spec="3.3",
+              summary="g_i - mean(g) at the argmax set, else 0"),
+    Estimator("bon_max_second", 9, "mean", uses_k=False, spec="3.3",
+              summary="g_i - second distinct value at the argmax set, else 0"),
+    Estimator("bon_mean", 10, "mean", spec="3.3",
+              summary="z-score of the max@k weights s_i"),
+    Estimator("chen_passk", 11, "mean", binary=True, spec="6",
+              summary="Chen et al. analytic pass@k advantage"),
+    Estimator("bon_rlb", 12, "mean", binary=True, spec="4",
+              summary="Chow et al. BoN-RLB, two-sided, clipped"),
+    Estimator("bon_rlb_pos", 13, "mean", binary=True, spec="4",
+              summary="Chow et al. BoN-RLB(P), positive samples only"),
+    Estimator("grpo", 14, "mean", uses_k=False, spec="-",
+              summary="(g_i - mean) / (sample std + eps)"),
+    Estimator("rloo", 15, "mean", uses_k=False, unbiased=True, spec="-",
+              summary="g_i - mean of the others"),
+    Estimator("dr_grpo", 16, "mean", uses_k=False, spec="-",
+              summary="g_i - group mean"),
+)
+
+REGISTRY = {e.name: e for e in _ENTRIES}
+ESTIMATORS = tuple(e.name for e in _ENTRIES)
+
+# bon_rlb's weights are infinite for a group where every sample fails (p_hat = 1); Chow et al.
+# clip them. With clip=None this symmetric default applies (to the output, in the chosen scale).
+BON_RLB_DEFAULT_CLIP = (-10.0, 10.0)
+
+# Relative tolerance below which bon_mean treats its s_i as constant (spec 3.3 hazard note):
+# z-scoring exactly-equal values would otherwise amplify rounding noise by 1/eps.
+ZSCORE_CONSTANT_RTOL = 1e-10
+
+SMALL_GROUP_MODES = ("error", "zero", "clamp")
+
+
+def get(name: str) -> Estimator:
+    """Look an estimator up by name, with a clear error listing the valid names."""
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise ValueError(f"unknown estimator {name!r}; valid estimators: {', '.join(ESTIMATORS)}")
+    return REGISTRY[name]
+
+
+_BY_CODE = {e.code: e for e in _ENTRIES}
+
+
+def by_code(code: int) -> Estimator:
+    """The estimator with a given kernel code."""
+    return _BY_CODE[int(code)]
