@@ -8,6 +8,7 @@ estimator_code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, ma
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -253,18 +254,47 @@ def _select_backend(backend: str, values: torch.Tensor, est: estimators.Estimato
     if backend == "auto":
         return _auto_backend(values)
     if backend == "triton":
-        from . import triton as triton_backend
-        triton_backend.require(values)
-        return triton_backend.advantages_packed
-    from . import _native
-    _native.require(backend, values)
+        return _triton_backend(values)
+    return _native_backend(backend, values)
+
+
+def _native_backend(backend: str, values: torch.Tensor):
+    """The compiled extension's op, with a clear error when it cannot serve this tensor."""
+    wanted = "cuda" if backend == "cuda" else "cpu"
+    if values.is_cuda != (wanted == "cuda"):
+        raise ValueError(f"backend={backend!r} needs {'CUDA' if wanted == 'cuda' else 'CPU'} tensors, "
+                         f"but rewards are on {values.device}")
+    try:
+        from . import _native
+    except ImportError as error:  # the module itself is missing: a broken install
+        raise RuntimeError(f"backend={backend!r} is unavailable: {error}") from error
+    ok = _native.cuda_available() if wanted == "cuda" else _native.available()
+    if not ok:
+        raise RuntimeError(f"backend={backend!r} is unavailable: the compiled extension "
+                           f"{'has no CUDA kernels' if wanted == 'cuda' and _native.available() else 'is not built'}"
+                           f" ({_native.load_error() or 'built without CUDA'}). Reinstall with "
+                           "`pip install --no-build-isolation -e .`, or use backend='torch'.")
     return _native.advantages_packed
 
 
+def _triton_backend(values: torch.Tensor):
+    try:
+        from . import triton as triton_backend
+    except ImportError as error:
+        raise RuntimeError(f"backend='triton' is unavailable: {error}") from error
+    if not triton_backend.available():
+        raise RuntimeError("backend='triton' is unavailable: Triton is not installed")
+    if not values.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the kernels on "
+                         f"the CPU through Triton's interpreter); rewards are on {values.device}")
+    return triton_backend.advantages_packed
+
+
 def _auto_backend(values: torch.Tensor):
+    """Fastest available: the native kernel for the tensor's device, then Triton on CUDA, then torch."""
     try:
         from . import _native
-        if _native.supports(values):
+        if _native.cuda_available() if values.is_cuda else _native.available():
             return _native.advantages_packed
     except ImportError:
         pass
