@@ -80,7 +80,9 @@ ESTIMATORS = tuple(e.name for e in _ENTRIES)
 
 # bon_rlb's weights are infinite for a group where every sample fails (p_hat = 1); Chow et al.
 # clip them. With clip=None this symmetric default applies (to the output, in the chosen scale).
-BON_RLB_DEFAULT_CLIP = (-10.0, 10.0)
+# Finite mean-scale values grow like n * k (one success in n: about n k), so the bound sits well
+# above them for the usual n <= 16, k <= 8 and only caps the all-fail groups.
+BON_RLB_DEFAULT_CLIP = (-100.0, 100.0)
 
 # Relative tolerance below which bon_mean treats its s_i as constant (spec 3.3 hazard note):
 # z-scoring exactly-equal values would otherwise amplify rounding noise by 1/eps.
