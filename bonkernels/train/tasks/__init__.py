@@ -1,0 +1,49 @@
+"""Tasks: where prompts come from and how completions are scored.
+
+A task provides
+* ``problem(split, index) -> Problem``: deterministic for a given task seed; splits are "train",
+  "eval" and "sft" (the warm-start data);
+* ``rewards(problems, completions) -> list[float]``: the fraction of hidden tests passed, in [0, 1]
+  (1.0 means every test passed: that is what pass@k counts);
+* ``max_new_tokens`` and ``stop_texts`` (generation stops at eos; text after a stop text is cut
+  before scoring);
+* ``num_problems(split)``: how many distinct problems a split has (None: unbounded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    prompt: str
+    solution: str | None = None  # a reference completion, for the supervised warm start
+    data: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+TASKS = ("synth", "humaneval")
+
+
+def make_task(name: str, *, seed: int = 1234, sandbox_timeout: float = 5.0, workers: int = 2):
+    """Build a task by name."""
+    if name == "synth":
+        from .synth import SynthTask
+
+        return SynthTask(seed=seed)
+    if name == "humaneval":
+        from .humaneval import HumanEvalTask
+
+        return HumanEvalTask(timeout=sandbox_timeout, workers=workers)
+    raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
+
+
+def truncate_at_stop(text: str, stop_texts) -> str:
+    """Cut text at the first occurrence of any stop text."""
+    cut = len(text)
+    for stop in stop_texts:
+        pos = text.find(stop)
+        if pos != -1:
+            cut = min(cut, pos)
+    return text[:cut]
