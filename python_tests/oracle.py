@@ -17,6 +17,7 @@ against the library's registry); :func:`expected` converts to the requested scal
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -544,3 +545,54 @@ def natural_closed(name: str, g, k: int, *, deltas=None, clamp_delta=None, eps=1
     if name == "grpo":
         return np.array(grpo(g, eps))
     raise ValueError(f"oracle: no closed form for {name!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# A tiny softmax policy over a few outcomes (spec 10 Parts B and C): exact expectations
+# --------------------------------------------------------------------------------------------
+
+def policy(theta):
+    """softmax(theta)."""
+    theta = np.asarray(theta, dtype=np.float64)
+    e = np.exp(theta - theta.max())
+    return e / e.sum()
+
+
+def expected_max(theta, rewards, k):
+    """E[max of k i.i.d. draws] = sum_v v (F(v)^k - F(v-)^k) over the distinct reward values."""
+    pi = policy(theta)
+    r = np.asarray(rewards)
+    total, below = 0.0, 0.0
+    for v in sorted(set(rewards)):
+        F = below + pi[r == v].sum()
+        total += v * (F**k - below**k)
+        below = F
+    return total
+
+
+def grad_expected_max(theta, rewards, k):
+    """Closed-form gradient of expected_max: dF(v)/dtheta_j = sum_{r_x <= v} pi_x (1[x=j] - pi_j)."""
+    pi = policy(theta)
+    r = np.asarray(rewards)
+    jac = np.diag(pi) - np.outer(pi, pi)  # d pi_x / d theta_j
+    grad = np.zeros_like(theta)
+    F_prev, dF_prev = 0.0, np.zeros_like(theta)
+    for v in sorted(set(rewards)):
+        mask = r == v
+        F = F_prev + pi[mask].sum()
+        dF = dF_prev + jac[mask].sum(axis=0)
+        grad += v * k * (F ** (k - 1) * dF - F_prev ** (k - 1) * dF_prev)
+        F_prev, dF_prev = F, dF
+    return grad
+
+
+def multisets(n, theta):
+    """All multisets of n draws (as sorted outcome tuples) and their multinomial probabilities."""
+    pi = policy(theta)
+    draws, probs = [], []
+    for ms in itertools.combinations_with_replacement(range(len(pi)), n):
+        counts = np.bincount(ms, minlength=len(pi))
+        coef = math.factorial(n) / math.prod(math.factorial(c) for c in counts)
+        draws.append(ms)
+        probs.append(coef * float(np.prod(pi**counts)))
+    return np.array(draws), np.array(probs)
