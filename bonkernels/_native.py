@@ -1,0 +1,84 @@
+"""Loading the compiled extension ``bonkernels._C``, with a clear message when it is absent.
+
+The extension registers ``torch.ops.bonkernels.advantages_packed`` (and an ``_out`` variant) for
+the CPU and, when compiled in, CUDA dispatch keys. This module adds the fake (meta) implementation
+so ``torch.compile(fullgraph=True)`` can trace calls, and exposes the backend interface of
+``bonkernels.reference.advantages_packed``.
+
+``import bonkernels`` never needs the extension: ``available()`` says whether it loaded and
+``load_error()`` why not.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+# Largest group the CUDA kernels handle (csrc/cuda/launch.h: BK_CUDA_MAX_GROUP).
+CUDA_MAX_GROUP = 4096
+# The estimator the native kernels do not implement (reference-only, see docs/conventions.md).
+UNSUPPORTED_CODES = (5,)  # maxk_offpolicy_exact
+
+_load_error: Optional[str] = None
+_ops = None
+_cuda_compiled = False
+
+try:
+    from . import _C  # noqa: F401  (loading it runs the TORCH_LIBRARY registrations)
+    _ops = torch.ops.bonkernels
+    _cuda_compiled = bool(_ops.build_info() & 1)
+except Exception as error:  # ImportError, or an ABI mismatch with the installed torch
+    _load_error = f"{type(error).__name__}: {error}"
+    _ops = None
+
+if _ops is not None:
+    @torch.library.register_fake("bonkernels::advantages_packed")
+    def _advantages_packed_fake(values, offsets, deltas, k, estimator_code, clamp_delta, clip_lo, clip_hi,
+                                mean_scale, small_groups, eps, max_group_size):
+        return torch.empty_like(values)
+
+
+def available() -> bool:
+    """True when the compiled extension (CPU kernels) loaded."""
+    return _ops is not None
+
+
+def cuda_available() -> bool:
+    """True when the extension has CUDA kernels and a CUDA device is usable."""
+    return _ops is not None and _cuda_compiled and torch.cuda.is_available()
+
+
+def load_error() -> Optional[str]:
+    """Why the extension did not load (None when it did)."""
+    return _load_error
+
+
+def _require(values: torch.Tensor) -> None:
+    if _ops is None:
+        raise RuntimeError(f"bonkernels native extension is not built ({_load_error}); install with "
+                           "`pip install --no-build-isolation -e .` or use backend='torch'")
+    if values.is_cuda and not _cuda_compiled:
+        raise RuntimeError("bonkernels native extension was built without CUDA kernels; rebuild on a machine "
+                           "with nvcc and a CUDA torch (or BONKERNELS_FORCE_CUDA=1), or use backend='triton'/'torch'")
+
+
+def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor], k: int,
+                      estimator_code: int, clamp_delta: Optional[float], clip_lo: float, clip_hi: float,
+                      mean_scale: bool, small_groups: int, eps: float,
+                      max_group_size: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The backend interface (same semantics as ``bonkernels.reference.advantages_packed``).
+
+    One fused kernel launch for the whole batch. ``max_group_size`` (a Python int bound on every
+    group size) spares the CUDA path a host sync; the CPU path never syncs. With ``out`` the result
+    is written into that tensor (every element is written; tests poison it first) and returned.
+    """
+    _require(values)
+    args = (values, offsets, deltas, int(k), int(estimator_code),
+            None if clamp_delta is None else float(clamp_delta), float(clip_lo), float(clip_hi),
+            bool(mean_scale), int(small_groups), float(eps),
+            None if max_group_size is None else int(max_group_size))
+    if out is None:
+        return _ops.advantages_packed(*args)
+    _ops.advantages_packed_out(*args, out)
+    return out

@@ -1,0 +1,181 @@
+// Registers the fused op for the CPU and (when compiled in) CUDA dispatch keys:
+//   bonkernels::advantages_packed(...) -> Tensor        the functional op
+//   bonkernels::advantages_packed_out(..., out) -> ()   writes into a caller's tensor (tests poison it)
+//   bonkernels::build_info() -> int                     bit 0: CUDA kernels compiled in
+// The fake (meta) implementation for torch.compile is registered in bonkernels/_native.py.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <optional>
+
+#include "bonkernels/common.h"
+#include "cpu/advantages_cpu.h"
+
+#ifdef BK_WITH_CUDA
+#include "cuda/launch.h"
+#ifdef BK_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+#endif
+
+namespace {
+
+bk::Params make_params(int64_t k, int64_t code, std::optional<double> clamp_delta, double clip_lo,
+                       double clip_hi, bool mean_scale, int64_t small_groups, double eps) {
+  TORCH_CHECK_VALUE(code >= 0 && code < bk::NUM_CODES, "bonkernels: unknown estimator code ", code);
+  TORCH_CHECK_VALUE(code != bk::MAXK_OFFPOLICY_EXACT,
+                    "bonkernels: maxk_offpolicy_exact is reference-only; the native backends do not implement "
+                    "it (use backend='torch')");
+  TORCH_CHECK_VALUE(k >= 1 && k <= std::numeric_limits<int>::max(), "bonkernels: k must be >= 1, got ", k);
+  TORCH_CHECK_VALUE(small_groups >= 0 && small_groups <= 2, "bonkernels: small_groups code must be 0, 1 or 2");
+  bk::Params p;
+  p.k = int(k);
+  p.code = int(code);
+  p.small_groups = int(small_groups);
+  p.has_clamp = clamp_delta.has_value() ? 1 : 0;
+  p.clamp_delta = clamp_delta.value_or(0.0);
+  p.clip_lo = clip_lo;
+  p.clip_hi = clip_hi;
+  p.mean_scale = mean_scale ? 1 : 0;
+  p.eps = eps;
+  return p;
+}
+
+void check_tensors(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas,
+                   int64_t code, const at::Tensor& out) {
+  TORCH_CHECK_TYPE(at::isFloatingType(values.scalar_type()) &&
+                       (values.scalar_type() == at::kFloat || values.scalar_type() == at::kDouble ||
+                        values.scalar_type() == at::kHalf || values.scalar_type() == at::kBFloat16),
+                   "bonkernels: values must be float16/bfloat16/float32/float64, got ", values.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 1 && values.is_contiguous(), "bonkernels: values must be a contiguous 1-D tensor");
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, "bonkernels: offsets must be int64");
+  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.numel() >= 1 && offsets.is_contiguous(),
+                    "bonkernels: offsets must be a contiguous 1-D tensor of G+1 entries");
+  TORCH_CHECK_VALUE(offsets.device() == values.device(), "bonkernels: offsets is on ", offsets.device(),
+                    " but values are on ", values.device());
+  TORCH_CHECK_VALUE(out.sizes() == values.sizes() && out.scalar_type() == values.scalar_type() &&
+                        out.device() == values.device() && out.is_contiguous(),
+                    "bonkernels: out must be a contiguous tensor like values");
+  if (bk::needs_deltas(int(code))) {
+    TORCH_CHECK_VALUE(deltas.has_value() && deltas->defined(), "bonkernels: this estimator needs deltas");
+    TORCH_CHECK_VALUE(deltas->sizes() == values.sizes() && deltas->scalar_type() == values.scalar_type() &&
+                          deltas->device() == values.device() && deltas->is_contiguous(),
+                      "bonkernels: deltas must be a contiguous tensor with the shape, dtype and device of values");
+  }
+}
+
+at::Tensor deltas_or_undefined(const std::optional<at::Tensor>& deltas, int64_t code) {
+  return (bk::needs_deltas(int(code)) && deltas.has_value()) ? *deltas : at::Tensor();
+}
+
+void out_cpu(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas, int64_t k,
+             int64_t code, std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
+             int64_t small_groups, double eps, std::optional<int64_t> /*max_group_size*/, const at::Tensor& out) {
+  const bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
+  check_tensors(values, offsets, deltas, code, out);
+  at::Tensor o = out;
+  bk::advantages_cpu(values, offsets, deltas_or_undefined(deltas, code), p, o);
+}
+
+#ifdef BK_WITH_CUDA
+int dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return BK_FLOAT32;
+    case at::kDouble: return BK_FLOAT64;
+    case at::kHalf: return BK_FLOAT16;
+    default: return BK_BFLOAT16;
+  }
+}
+
+void out_cuda(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas, int64_t k,
+              int64_t code, std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
+              int64_t small_groups, double eps, std::optional<int64_t> max_group_size, const at::Tensor& out) {
+  const bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
+  check_tensors(values, offsets, deltas, code, out);
+  const int64_t num_groups = offsets.numel() - 1;
+  if (num_groups == 0 || values.numel() == 0) return;
+  int64_t bound;
+  if (max_group_size.has_value()) {
+    bound = *max_group_size;  // the caller's promise: no host sync
+  } else {                    // no hint: find it (this syncs with the host)
+    bound = (offsets.slice(0, 1) - offsets.slice(0, 0, num_groups)).max().item<int64_t>();
+  }
+  TORCH_CHECK_VALUE(bound >= 0, "bonkernels: max_group_size must be >= 0");
+  TORCH_CHECK_VALUE(bound <= BK_CUDA_MAX_GROUP, "bonkernels: the CUDA backend handles groups of at most ",
+                    BK_CUDA_MAX_GROUP, " samples (max_group_size = ", bound,
+                    "); use backend='cpu', 'triton' or 'torch' for larger groups");
+  void* stream = nullptr;
+#ifdef BK_TORCH_CUDA
+  c10::cuda::CUDAGuard guard(values.device());
+  stream = c10::cuda::getCurrentCUDAStream(values.device().index()).stream();
+#endif
+  at::Tensor d = deltas_or_undefined(deltas, code);
+  char err[512] = {0};
+  const int rc = bk_cuda_advantages(dtype_code(values.scalar_type()), values.data_ptr(), offsets.data_ptr<int64_t>(),
+                                    d.defined() ? d.data_ptr() : nullptr, out.data_ptr(), num_groups, int(bound), p,
+                                    stream, err, int(sizeof(err)));
+  TORCH_CHECK(rc == 0, "bonkernels CUDA kernel failed: ", err);
+}
+#endif
+
+at::Tensor advantages_packed(const at::Tensor& values, const at::Tensor& offsets,
+                             const std::optional<at::Tensor>& deltas, int64_t k, int64_t code,
+                             std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
+                             int64_t small_groups, double eps, std::optional<int64_t> max_group_size) {
+  at::Tensor out = at::empty_like(values, at::MemoryFormat::Contiguous);
+  if (values.is_cuda()) {
+#ifdef BK_WITH_CUDA
+    out_cuda(values, offsets, deltas, k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
+             max_group_size, out);
+#else
+    TORCH_CHECK(false, "bonkernels: the extension was built without CUDA kernels");
+#endif
+  } else {
+    out_cpu(values, offsets, deltas, k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
+            max_group_size, out);
+  }
+  return out;
+}
+
+int64_t build_info() {
+#ifdef BK_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(bonkernels, m) {
+  m.def(
+      "advantages_packed(Tensor values, Tensor offsets, Tensor? deltas, int k, int estimator_code, "
+      "float? clamp_delta, float clip_lo, float clip_hi, bool mean_scale, int small_groups, float eps, "
+      "int? max_group_size) -> Tensor");
+  m.def(
+      "advantages_packed_out(Tensor values, Tensor offsets, Tensor? deltas, int k, int estimator_code, "
+      "float? clamp_delta, float clip_lo, float clip_hi, bool mean_scale, int small_groups, float eps, "
+      "int? max_group_size, Tensor(a!) out) -> ()");
+  m.def("build_info() -> int", &build_info);
+}
+
+TORCH_LIBRARY_IMPL(bonkernels, CPU, m) {
+  m.impl("advantages_packed", &advantages_packed);
+  m.impl("advantages_packed_out", &out_cpu);
+}
+
+#ifdef BK_WITH_CUDA
+TORCH_LIBRARY_IMPL(bonkernels, CUDA, m) {
+  m.impl("advantages_packed", &advantages_packed);
+  m.impl("advantages_packed_out", &out_cuda);
+}
+#endif
+
+// A plain Python module, so `import bonkernels._C` loads the library and runs the registrations.
+static PyModuleDef bonkernels_module = {PyModuleDef_HEAD_INIT, "_C", "bonkernels native ops (torch.ops.bonkernels)",
+                                        -1, nullptr};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&bonkernels_module); }

@@ -1,0 +1,157 @@
+// Definitions shared by every native backend: host/device qualifiers, estimator codes, the
+// per-call parameters, and the small value types the scans work on. Torch-free on purpose, so
+// the CUDA files compile with bare nvcc and the C++ tests need nothing but a compiler.
+#pragma once
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define BK_HD __host__ __device__ __forceinline__
+#else
+#define BK_HD inline
+#endif
+
+#if defined(__CUDACC__)
+#define BK_UNROLL _Pragma("unroll")
+#else
+#define BK_UNROLL
+#endif
+
+// INFINITY/NAN are float constants: spell them as doubles so templated reductions stay double.
+#define BK_INF (static_cast<double>(INFINITY))
+#define BK_NAN (static_cast<double>(NAN))
+
+namespace bk {
+
+// Integer codes: must agree with bonkernels/estimators.py (python_tests/test_native.py checks).
+enum Code : int {
+  MAXK = 0,
+  MAXK_LOO = 1,
+  MAXK_LOO_CENTERED = 2,
+  MAXK_LOO1 = 3,
+  MAXK_OFFPOLICY = 4,
+  MAXK_OFFPOLICY_EXACT = 5,  // reference-only: the native backends refuse it
+  PASSK = 6,
+  TANG_LOO = 7,
+  BON_MAX_MEAN = 8,
+  BON_MAX_SECOND = 9,
+  BON_MEAN = 10,
+  CHEN_PASSK = 11,
+  BON_RLB = 12,
+  BON_RLB_POS = 13,
+  GRPO = 14,
+  RLOO = 15,
+  DR_GRPO = 16,
+  NUM_CODES = 17
+};
+
+// Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
+constexpr double kZscoreConstantRtol = 1e-10;
+
+// One call's scalar arguments, as the backend interface passes them (docs/conventions.md).
+struct Params {
+  int k;             // requested k (>= 1)
+  int code;          // estimator code
+  int small_groups;  // 0 = error (already checked), 1 = zero, 2 = clamp
+  int has_clamp;     // clamp deltas to [-clamp_delta, clamp_delta] first
+  double clamp_delta;
+  double clip_lo, clip_hi;
+  int mean_scale;    // 1: output n_g * (sum-scale value)
+  double eps;
+};
+
+BK_HD bool natural_scale_is_mean(int code) { return code >= BON_MAX_MEAN; }
+
+BK_HD bool uses_k(int code) {
+  return !(code == TANG_LOO || code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO ||
+           code == RLOO || code == DR_GRPO);
+}
+
+BK_HD int k_margin(int code) { return (code == MAXK_LOO || code == MAXK_LOO_CENTERED) ? 1 : 0; }
+
+BK_HD bool needs_deltas(int code) { return code == MAXK_OFFPOLICY || code == MAXK_OFFPOLICY_EXACT; }
+
+BK_HD bool native_supports(int code) {
+  return code >= 0 && code < NUM_CODES && code != MAXK_OFFPOLICY_EXACT;
+}
+
+// The k a group of size n actually uses, and whether its outputs are forced to 0 (too-small rule).
+struct GroupK {
+  int k;
+  bool zero;
+};
+
+BK_HD GroupK effective_k(int code, int n, int k, int small_groups) {
+  if (!uses_k(code)) return {k < 1 ? 1 : k, false};
+  const int k_max = n - k_margin(code);
+  const bool too_small = k > k_max;
+  int kg = k;
+  bool zero;
+  if (small_groups == 2) {
+    if (too_small) kg = k_max;
+    zero = kg < 1;
+  } else {
+    zero = too_small;
+  }
+  return {kg < 1 ? 1 : kg, zero};
+}
+
+// Natural value -> requested scale -> too-small zeroing -> clip (NaN propagates, as torch.clamp).
+BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
+  double a = natural;
+  const bool mean_natural = natural_scale_is_mean(p.code);
+  if (p.mean_scale && !mean_natural) a = a * n;
+  else if (!p.mean_scale && mean_natural) a = a / (n < 1 ? 1 : n);
+  if (zero) a = 0.0;
+  if (a < p.clip_lo) a = p.clip_lo;
+  if (a > p.clip_hi) a = p.clip_hi;
+  return a;
+}
+
+// Small fixed-size vector of doubles, for scans that carry several running sums at once.
+template <int M>
+struct DVec {
+  double v[M];
+};
+
+struct SumOp {
+  BK_HD double operator()(double a, double b) const { return a + b; }
+  template <int M>
+  BK_HD DVec<M> operator()(const DVec<M>& a, const DVec<M>& b) const {
+    DVec<M> r;
+BK_UNROLL
+    for (int i = 0; i < M; ++i) r.v[i] = a.v[i] + b.v[i];
+    return r;
+  }
+};
+struct ProdOp {
+  BK_HD double operator()(double a, double b) const { return a * b; }
+};
+struct MaxOp {
+  BK_HD double operator()(double a, double b) const { return a > b ? a : b; }
+};
+struct MinOp {
+  BK_HD double operator()(double a, double b) const { return a < b ? a : b; }
+};
+
+template <int M>
+BK_HD DVec<M> dvec_zero() {
+  DVec<M> r;
+BK_UNROLL
+  for (int i = 0; i < M; ++i) r.v[i] = 0.0;
+  return r;
+}
+
+// Downward ratio recurrence factor of spec 0.1: d_{t-1} = d_t * (t-K)/(t-1), for 2 <= t <= N.
+BK_HD double table_factor(int t, int N, int K) {
+  return (t >= 2 && t <= N) ? double(t - K) / double(t - 1) : 1.0;
+}
+
+// o_j = d_j (k-1)/(j-1), q_j = o_j (k-2)/(j-2): position-local, from the d table (spec 0.1).
+BK_HD double o_from_d(double d, int j, int k) { return j >= 2 ? d * double(k - 1) / double(j - 1) : 0.0; }
+BK_HD double q_from_o(double o, int j, int k) {
+  const double q = j >= 3 ? o * double(k - 2) / double(j - 2) : 0.0;
+  return q > 0.0 ? q : 0.0;
+}
+
+}  // namespace bk

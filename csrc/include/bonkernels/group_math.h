@@ -1,0 +1,239 @@
+// The per-group mathematics of every native estimator, written once for every executor.
+//
+// A group arrives sorted ascending (x, and the deltas permuted alongside). The estimators are the
+// closed forms of docs/conventions.md, evaluated with weight tables, exclusive prefix/suffix scans
+// and group reductions. How those primitives run is the executor's business:
+//   * SerialExec (serial_exec.h): one CPU thread walks the group; tables are cached per (n, k);
+//   * the CUDA executors (csrc/cuda): one sub-warp or one block per group, shuffles and shared memory.
+//
+// Executor interface (Ex):
+//   int n;                                       group size (> 0 when compute_group runs)
+//   Ex::Vec                                      per-position storage, v[s] is a double&
+//   void alloc(Vec&)                             make a Vec usable
+//   for_each(f)                                  f(s, j) for every slot s holding rank j <= n
+//   scan(reverse, id, op, term, consume)         consume(s, j, op-fold of term over ranks before j
+//                                                (after j when reverse)); term(s, j) -> T
+//   reduce(id, op, term) -> T                    op-fold of term(s, j) over the group, on every lane
+//   weights(N, K, at, prev)                      at[s] = d^(N,K)_j, prev (may be null) = d^(N,K)_{j-1}
+//   emit(s, value)                               the final value of slot s (scattered by the executor)
+// Ranks j are 1-based, as in the spec. Lambdas only ever see valid slots (j <= n).
+#pragma once
+
+#include "bonkernels/common.h"
+
+namespace bk {
+
+// d^(N,K)_j = C(j-1,K-1)/C(N,K) (0 for j > N) by a reversed exclusive product scan of the
+// downward-recurrence factors: d_j = (K/N) prod_{N >= t > j} (t-K)/(t-1). Every factor lies in
+// [0, 1] for t > K and the factor at t = K is 0, so nothing overflows (spec 0.1).
+template <class Ex>
+BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename Ex::Vec* prev) {
+  const double top = double(K) / double(N < 1 ? 1 : N);
+  ex.scan(true, 1.0, ProdOp(), [&](int, int j) { return table_factor(j, N, K); },
+          [&](int s, int j, double excl) {
+            const double a = (j <= N && K >= 1) ? top * excl : 0.0;
+            at[s] = a > 0.0 ? a : 0.0;
+            if (prev) {
+              const double b = (j >= 2 && j <= N + 1 && K >= 1) ? top * excl * table_factor(j, N, K) : 0.0;
+              (*prev)[s] = b > 0.0 ? b : 0.0;
+            }
+          });
+}
+
+// PKPO s_j = d_j x_j + sum_{t>j} o_t x_t (spec 2.2); calls out(s, s_j).
+template <class Ex, class Out>
+BK_HD void maxk_values(Ex& ex, int k, typename Ex::Vec& x, typename Ex::Vec& d, Out out) {
+  ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return o_from_d(d[s], j, k) * x[s]; },
+          [&](int s, int, double suffix) { out(s, d[s] * x[s] + suffix); });
+}
+
+// (v - mean) / (sample std + eps); 0 for singletons and when std <= rtol * max|v| (spec 3.3).
+template <class Ex, class Emit>
+BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emit emit) {
+  const int n = ex.n;
+  const double mean = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s]; }) / double(n);
+  const double ss = ex.reduce(0.0, SumOp(), [&](int s, int) {
+    const double c = v[s] - mean;
+    return c * c;
+  });
+  const double scale = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); });
+  const double sd = ::sqrt(ss / double(n - 1 < 1 ? 1 : n - 1));
+  const bool constant = n < 2 || sd <= rtol * scale;
+  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : (v[s] - mean) / (sd + eps)); });
+}
+
+// One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only).
+// Emits every slot's final value (scale, too-small rule and clip applied).
+template <class Ex>
+BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename Ex::Vec& delta) {
+  using Vec = typename Ex::Vec;
+  const int n = ex.n;
+  if (n <= 0) return;
+  const GroupK gk = effective_k(p.code, n, p.k, p.small_groups);
+  auto emit = [&](int s, double natural) { ex.emit(s, finish_value(p, n, natural, gk.zero)); };
+  if (gk.zero || !native_supports(p.code)) {
+    const double fill = native_supports(p.code) ? 0.0 : BK_NAN;
+    ex.for_each([&](int s, int) { emit(s, fill); });
+    return;
+  }
+  const int k = gk.k;
+  const double nd = double(n);
+
+  switch (p.code) {
+    case MAXK:
+    case PASSK: {  // passk: maxk on {0, 1} rewards (spec 2.1)
+      Vec d;
+      ex.alloc(d);
+      ex.weights(n, k, d, (Vec*)nullptr);
+      maxk_values(ex, k, x, d, emit);
+      return;
+    }
+    case MAXK_LOO:
+    case MAXK_LOO_CENTERED: {  // s_j - c * maxk_k(x without j), spec 2.3 (k <= n - 1, so n >= 2)
+      Vec d, s_val, w, w_prev, pre;
+      ex.alloc(d), ex.alloc(s_val), ex.alloc(w), ex.alloc(w_prev), ex.alloc(pre);
+      ex.weights(n, k, d, (Vec*)nullptr);
+      maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
+      ex.weights(n - 1, k, w, &w_prev);  // w' = d(n-1, k) at j and at j - 1
+      const double c = double(k) / (p.code == MAXK_LOO ? double(n - 1) : nd);
+      ex.scan(false, 0.0, SumOp(), [&](int s, int) { return w[s] * x[s]; },
+              [&](int s, int, double prefix) { pre[s] = prefix; });
+      // maxk(rest of j) = sum_{t<j} w'_t x_t + sum_{t>j} w'_{t-1} x_t
+      ex.scan(true, 0.0, SumOp(), [&](int s, int) { return w_prev[s] * x[s]; },
+              [&](int s, int, double suffix) { emit(s, s_val[s] - c * (pre[s] + suffix)); });
+      return;
+    }
+    case MAXK_LOO1: {  // spec 2.4
+      if (k == 1) {    // (x_j - mean of the others) / n; 0 for a singleton
+        const double total = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
+        ex.for_each([&](int s, int) {
+          const double others = (total - x[s]) / double(n - 1 < 1 ? 1 : n - 1);
+          emit(s, n > 1 ? (x[s] - others) / nd : 0.0);
+        });
+        return;
+      }
+      // d_j y_j - sum_{t<j} o_{t+1} y_t with y = x - x_(1); o_{t+1} = (k/n) d^(n-1,k-1)_t.
+      Vec d, o_next;
+      ex.alloc(d), ex.alloc(o_next);
+      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.weights(n - 1, k - 1, o_next, (Vec*)nullptr);
+      const double kn = double(k) / nd;
+      const double lo = ex.reduce(BK_INF, MinOp(), [&](int s, int) { return x[s]; });
+      ex.scan(false, 0.0, SumOp(), [&](int s, int) { return kn * o_next[s] * (x[s] - lo); },
+              [&](int s, int, double prefix) { emit(s, d[s] * (x[s] - lo) - prefix); });
+      return;
+    }
+    case MAXK_OFFPOLICY: {  // spec 3.2, O(n) form after the sort
+      Vec d, dsum;
+      ex.alloc(d), ex.alloc(dsum);
+      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.scan(false, 0.0, SumOp(), [&](int s, int) { return delta[s]; },
+              [&](int s, int, double prefix) { dsum[s] = prefix; });  // D_j = sum_{l<j} delta_l
+      ex.scan(
+          true, dvec_zero<4>(), SumOp(),
+          [&](int s, int j) {
+            const double o = o_from_d(d[s], j, k), q = q_from_o(o, j, k);
+            DVec<4> t;
+            t.v[0] = o * x[s];              // S1
+            t.v[1] = o * delta[s] * x[s];   // S2
+            t.v[2] = q * dsum[s] * x[s];    // S3
+            t.v[3] = q * x[s];              // S4
+            return t;
+          },
+          [&](int s, int j, const DVec<4>& S) {
+            const double o = o_from_d(d[s], j, k);
+            const double a = (1.0 + delta[s]) * (d[s] * x[s] + S.v[0]) + o * dsum[s] * x[s] + S.v[1] +
+                             S.v[2] - delta[s] * S.v[3];
+            emit(s, a);
+          });
+      return;
+    }
+    case TANG_LOO: {  // the top sorted position gets x_(n) - x_(n-1)
+      const double second = ex.reduce(-BK_INF, MaxOp(), [&](int s, int j) { return j == n - 1 ? x[s] : -BK_INF; });
+      const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
+      ex.for_each([&](int s, int j) { emit(s, (j == n && n > 1) ? top - second : 0.0); });
+      return;
+    }
+    case BON_MAX_MEAN: {
+      const double mean = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) / nd;
+      const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
+      ex.for_each([&](int s, int) { emit(s, x[s] == top ? x[s] - mean : 0.0); });
+      return;
+    }
+    case BON_MAX_SECOND: {
+      const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
+      const double second = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s] < top ? x[s] : -BK_INF; });
+      const bool has_second = second > -BK_INF;
+      ex.for_each([&](int s, int) { emit(s, (x[s] == top && has_second) ? top - second : 0.0); });
+      return;
+    }
+    case BON_MEAN: {  // z-score of s (spec 3.3), with the constant-group guard
+      Vec d, s_val;
+      ex.alloc(d), ex.alloc(s_val);
+      ex.weights(n, k, d, (Vec*)nullptr);
+      maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
+      zscore_emit(ex, s_val, p.eps, kZscoreConstantRtol, emit);
+      return;
+    }
+    case CHEN_PASSK: {  // ((n/k) s - R) / (sqrt(R (1 - R)) + eps), R = pass@k estimate (spec 6)
+      Vec d, s_val;
+      ex.alloc(d), ex.alloc(s_val);
+      ex.weights(n, k, d, (Vec*)nullptr);
+      maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
+      const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
+      const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
+      const bool degenerate = c == 0.0 || nd - c < double(k);
+      double var = R * (1.0 - R);
+      const double sigma = ::sqrt(var > 0.0 ? var : 0.0);
+      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : (nd / double(k) * s_val[s] - R) / (sigma + p.eps)); });
+      return;
+    }
+    case BON_RLB:
+    case BON_RLB_POS: {  // Chow et al., averaged over k-subsets (docs/conventions.md), times n
+      Vec d;
+      ex.alloc(d);
+      ex.weights(n, k, d, (Vec*)nullptr);
+      const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
+      const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
+      const double pf = (nd - c) / nd;  // plug-in failure probability
+      const double kd = double(k);
+      const double p_km1 = ::pow(pf, kd - 1.0);
+      const double one_minus_pk = -::expm1(kd * ::log(pf));  // 1 - p^k, accurate near p = 1
+      const double one_minus_p = (1.0 - pf) > 1e-300 ? (1.0 - pf) : 1e-300;
+      double w_plus, w_minus;
+      if (p.code == BON_RLB) {
+        w_plus = kd * p_km1 / (one_minus_pk > 1e-300 ? one_minus_pk : 1e-300);
+        w_minus = pf < 1.0 ? kd * pf / one_minus_p : BK_INF;
+      } else {
+        const double geometric = pf < 1.0 ? one_minus_pk / one_minus_p : kd;  // 1 + p + ... + p^(k-1)
+        w_plus = kd * p_km1 / geometric;
+        w_minus = 0.0;
+      }
+      const double correct = w_plus * R / (c > 1.0 ? c : 1.0);
+      const double wrong = w_minus * (1.0 - R) / ((nd - c) > 1.0 ? (nd - c) : 1.0);
+      ex.for_each([&](int s, int) { emit(s, (x[s] == 1.0 ? correct : wrong) * nd); });
+      return;
+    }
+    case GRPO:
+      zscore_emit(ex, x, p.eps, 0.0, emit);
+      return;
+    case RLOO: {  // x - mean of the others (mean scale); 0 for a singleton
+      const double total = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
+      ex.for_each([&](int s, int) {
+        const double others = (total - x[s]) / double(n - 1 < 1 ? 1 : n - 1);
+        emit(s, n > 1 ? (x[s] - others) / nd * nd : 0.0);
+      });
+      return;
+    }
+    case DR_GRPO: {
+      const double mean = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) / nd;
+      ex.for_each([&](int s, int) { emit(s, x[s] - mean); });
+      return;
+    }
+    default:
+      ex.for_each([&](int s, int) { emit(s, BK_NAN); });
+      return;
+  }
+}
+
+}  // namespace bk
