@@ -38,7 +38,7 @@ K_IGNORED = frozenset({"tang_loo", "bon_max_mean", "bon_max_second", "grpo", "rl
 BINARY_ONLY = frozenset({"passk", "chen_passk", "bon_rlb", "bon_rlb_pos"})
 OFF_POLICY = frozenset({"maxk_offpolicy", "maxk_offpolicy_exact"})
 LOO_NEEDS_REST = frozenset({"maxk_loo", "maxk_loo_centered"})  # k <= n - 1
-BON_RLB_DEFAULT_CLIP = (-10.0, 10.0)  # conventions.md: bon_rlb's clip when clip is None
+BON_RLB_DEFAULT_CLIP = (-100.0, 100.0)  # conventions.md: bon_rlb's clip when clip is None
 ZSCORE_CONSTANT_RTOL = 1e-10  # conventions.md: bon_mean is 0 when std(s) <= 1e-10 max|s|
 
 

@@ -124,6 +124,8 @@ def test_natural_scales_match_registry():
         assert e.binary == (name in oracle.BINARY_ONLY), name
         assert e.needs_deltas == (name in oracle.OFF_POLICY), name
         assert e.k_margin == (1 if name in oracle.LOO_NEEDS_REST else 0), name
+    assert tuple(registry.BON_RLB_DEFAULT_CLIP) == oracle.BON_RLB_DEFAULT_CLIP  # conventions.md
+    assert registry.ZSCORE_CONSTANT_RTOL == oracle.ZSCORE_CONSTANT_RTOL
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
