@@ -1,0 +1,1 @@
+"""bonkernels benchmarks: ``python -m bench`` (see bench/run.py and bench/README.md)."""
