@@ -32,7 +32,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import estimators
+from . import estimators, reference
+from .groups import make_layout
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
 WEIGHTINGS = ("ppo", "direct")
@@ -89,8 +90,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
         tensors: ``clip_frac`` (share of valid tokens where the clipped branch is active),
         ``approx_kl`` (mean ``old_logp - logp`` over valid tokens, verl's ``ppo_kl``),
         ``ref_kl`` (mean k3 KL to ``ref_logp``; 0 without it), ``adv_abs_mean`` /
-        ``adv_abs_max`` (over sequences), ``objective`` (mean over groups of the unbiased max@k
-        of the rewards, k lowered to the group size where a group is smaller), ``num_tokens``.
+        ``adv_abs_max`` (over sequences), ``objective`` (mean over non-empty groups of the unbiased
+        max@k of the rewards, k lowered to the group size where a group is smaller; pass@k for
+        0/1 rewards), ``num_tokens``.
     """
     est = estimators.get(estimator)
     _check_options(est, k, weighting, loss_agg, backend, kl_coef, ref_logp, clamp_delta)
@@ -254,7 +256,7 @@ def _row_weights(tokens: torch.Tensor, loss_agg: str) -> torch.Tensor:
 
 def _select_backend(backend: str, logp: torch.Tensor):
     if backend == "auto":
-        backend = "triton" if logp.is_cuda else "cpu"
+        backend = "triton" if logp.is_cuda and _triton_available() else "cpu"
     if backend == "torch":
         return reference_loss
     if backend == "cpu":
@@ -264,20 +266,36 @@ def _select_backend(backend: str, logp: torch.Tensor):
     return triton_policy_loss.fused_triton_loss
 
 
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _group_objective(rewards, k, layout_kwargs) -> torch.Tensor:
+    """Mean over non-empty groups of the unbiased max@k (k lowered to n_g for smaller groups)."""
+    values64 = rewards.detach().to(torch.float64)
+    layout = make_layout(values64, check=False, **layout_kwargs)
+    per_group = reference.max_at_k_packed(layout.pack(values64).contiguous(), layout.offsets, k, small_groups=2)
+    live = (layout.offsets[1:] - layout.offsets[:-1]) > 0
+    return (per_group * live).sum() / live.sum().clamp(min=1)
+
+
 def _stats(sums, tokens, adv, rewards, k, layout_kwargs) -> dict:
     with torch.no_grad():
         n_tok = tokens.sum()
         denom = n_tok.clamp(min=1.0)
         abs_adv = adv.abs()
-        from .ops import max_at_k
-        objective = max_at_k(rewards.detach().to(torch.float64), k, small_groups="clamp", **layout_kwargs)
+        objective = _group_objective(rewards, k, layout_kwargs)
         return {
             "clip_frac": sums[0] / denom,
             "approx_kl": sums[1] / denom,
             "ref_kl": sums[2] / denom,
             "adv_abs_mean": abs_adv.mean() if abs_adv.numel() else abs_adv.new_zeros(()),
             "adv_abs_max": abs_adv.max() if abs_adv.numel() else abs_adv.new_zeros(()),
-            "objective": objective.mean() if objective.numel() else objective.new_zeros(()),
+            "objective": objective,
             "num_tokens": n_tok,
         }
 

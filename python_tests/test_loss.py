@@ -314,3 +314,16 @@ def test_offpolicy_overflow_needs_clamp_delta():
     loss, _ = policy_loss(logp, old, rewards, 2, "maxk_offpolicy", mask=mask, group_size=4, weighting="direct",
                           clamp_delta=0.5)
     assert math.isfinite(loss.item())
+
+
+def test_objective_stat_skips_empty_groups_and_lowers_k():
+    logp, old, _, mask, rewards = _batch(14, 4, seed=21)
+    _, stats = policy_loss(logp, old, rewards, 3, "grpo", mask=mask, offsets=RAGGED)
+    per_group = []
+    for a, b in zip(RAGGED[:-1].tolist(), RAGGED[1:].tolist()):
+        if b > a:
+            g = sorted(rewards[a:b].tolist())
+            kk = min(3, len(g))
+            subsets = [max(c) for c in __import__("itertools").combinations(g, kk)]
+            per_group.append(sum(subsets) / len(subsets))
+    assert stats["objective"].item() == pytest.approx(sum(per_group) / len(per_group), rel=1e-12)
