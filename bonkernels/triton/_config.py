@@ -1,0 +1,62 @@
+"""Launch configuration of the advantages kernel: which block, how many groups per program.
+
+Pure Python (no triton import), shared by the launcher and the ahead-of-time compile check, so
+the set of specialisations the op can launch is defined in exactly one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MIN_BLOCK = 8
+MAX_BLOCK = 4096  # larger groups: use another backend (the packed sort of one row must fit a program)
+RANK_SORT_MAX_BLOCK = 32  # O(n^2) rank-by-comparison below this; tl.sort on packed keys above
+VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TRITON_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+                      torch.float64: "fp64"}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block: int  # power of two >= every group size of the launch
+    groups: int  # groups per program (power of two)
+    rank_sort: bool
+    num_warps: int
+
+    @property
+    def log2_block(self) -> int:
+        return self.block.bit_length() - 1
+
+    def constexprs(self) -> dict:
+        return {"BLOCK": self.block, "LOG2_BLOCK": self.log2_block, "GROUPS": self.groups,
+                "RANK_SORT": self.rank_sort}
+
+
+def block_for(max_group_size: int) -> int:
+    """The power-of-two bucket for a launch whose largest group has max_group_size samples."""
+    if max_group_size > MAX_BLOCK:
+        raise ValueError(
+            f"backend='triton' supports groups of at most {MAX_BLOCK} samples, got a group of "
+            f"{max_group_size}; use backend='cuda' or backend='torch' for larger groups")
+    block = MIN_BLOCK
+    while block < max_group_size:
+        block *= 2
+    return block
+
+
+def config_for_block(block: int) -> LaunchConfig:
+    if block <= RANK_SORT_MAX_BLOCK:
+        # the comparison tile is groups * block * block: keep it at 4096 elements
+        return LaunchConfig(block, max(1, 4096 // (block * block)), True, 4)
+    # about 512 float64 elements per program, several live tiles each
+    return LaunchConfig(block, max(1, 512 // block), False, 4 if block <= 1024 else 8)
+
+
+def all_blocks() -> list[int]:
+    blocks, block = [], MIN_BLOCK
+    while block <= MAX_BLOCK:
+        blocks.append(block)
+        block *= 2
+    return blocks

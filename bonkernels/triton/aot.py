@@ -1,0 +1,111 @@
+"""Ahead-of-time compilation of every kernel specialisation the op can launch (no GPU needed).
+
+The interpreter accepts programs that the compiler rejects (and runs none of the GPU lowering), so
+CI compiles each specialisation for real GPU targets:
+
+    python -m bonkernels.triton.aot --arch 80 90        # TRITON_INTERPRET must be unset
+
+A specialisation is (values dtype, BLOCK): the estimator, k and every option are runtime
+arguments, and BLOCK fixes the groups per program and the sort method (see _config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from . import _config
+
+
+@dataclass(frozen=True)
+class Specialisation:
+    dtype_name: str  # triton name of the values/deltas/output dtype: fp16, bf16, fp32, fp64
+    config: _config.LaunchConfig
+
+    def describe(self) -> str:
+        c = self.config
+        sort = "rank" if c.rank_sort else "tl.sort"
+        return (f"{self.dtype_name} BLOCK={c.block} GROUPS={c.groups} sort={sort} "
+                f"num_warps={c.num_warps}")
+
+
+def specialisations() -> list[Specialisation]:
+    """Every (dtype, block) the launcher can choose."""
+    return [Specialisation(_config.TRITON_DTYPE_NAMES[dtype], _config.config_for_block(block))
+            for dtype in _config.VALUE_DTYPES for block in _config.all_blocks()]
+
+
+def _signature(dtype_name: str) -> dict:
+    """The kernel's argument types as the launcher passes them (ints are i32: k, codes and group
+    counts fit; float scalars travel as i64 bit patterns)."""
+    ptr = "*" + dtype_name
+    return {
+        "values_ptr": ptr, "deltas_ptr": ptr, "offsets_ptr": "*i64", "out_ptr": ptr,
+        "num_groups": "i32", "k": "i32", "code": "i32", "k_margin": "i32", "uses_k": "i32",
+        "small_groups": "i32", "has_clamp": "i32", "clamp_delta_bits": "i64",
+        "clip_lo_bits": "i64", "clip_hi_bits": "i64", "mean_scale": "i32", "eps_bits": "i64",
+        "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr", "GROUPS": "constexpr",
+        "RANK_SORT": "constexpr",
+    }
+
+
+def compile_one(spec: Specialisation, arch: int):
+    """Compile one specialisation for sm_<arch>; returns the compiled kernel (PTX and cubin)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ._advantages_kernel import advantages_kernel
+
+    # tt.divisibility=16 on the pointers: what the launcher specialises to for aligned tensors
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+    source = ASTSource(fn=advantages_kernel, signature=_signature(spec.dtype_name),
+                       constexprs=spec.config.constexprs(), attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": spec.config.num_warps})
+
+
+def compile_all(archs=(80, 90), specs=None, log=print) -> list[tuple[str, int, str]]:
+    """Compile every specialisation for every arch; returns the failures (describe, arch, error)."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    failures = []
+    for spec in specs if specs is not None else specialisations():
+        for arch in archs:
+            start = time.perf_counter()
+            try:
+                compiled = compile_one(spec, arch)
+                if not compiled.asm.get("cubin"):
+                    raise RuntimeError("no cubin produced")
+                log(f"ok   sm_{arch} {spec.describe()} ({time.perf_counter() - start:.1f} s, "
+                    f"{len(compiled.asm['cubin'])} bytes of cubin)")
+            except Exception as error:  # report every failing specialisation, not just the first
+                message = f"{type(error).__name__}: {error}"
+                # the first failure in full, the rest by their last line (the same error repeats)
+                shown = message if not failures else message.strip().splitlines()[-1]
+                failures.append((spec.describe(), arch, message))
+                log(f"FAIL sm_{arch} {spec.describe()}: {shown}")
+    return failures
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=[80, 90])
+    parser.add_argument("--dtype", nargs="*", help="only these dtypes (fp16 bf16 fp32 fp64)")
+    parser.add_argument("--block", type=int, nargs="*", help="only these blocks")
+    args = parser.parse_args(argv)
+    specs = [s for s in specialisations()
+             if (not args.dtype or s.dtype_name in args.dtype)
+             and (not args.block or s.config.block in args.block)]
+    start = time.perf_counter()
+    failures = compile_all(tuple(args.arch), specs)
+    print(f"{len(specs) * len(args.arch) - len(failures)} compiled, {len(failures)} failed, "
+          f"{time.perf_counter() - start:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

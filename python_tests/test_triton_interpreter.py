@@ -1,0 +1,236 @@
+"""The Triton kernels, run by Triton's interpreter on CPU tensors, against the PyTorch reference.
+
+These tests need TRITON_INTERPRET=1 in the environment before triton is imported, so they run in
+their own process:
+
+    TRITON_INTERPRET=1 .venv/bin/python -m pytest python_tests/test_triton_interpreter.py -q
+
+(python_tests/test_triton.py does exactly that from the ordinary suite.) Without the variable the
+module is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 (run by test_triton.py in a subprocess)",
+                allow_module_level=True)
+pytest.importorskip("triton")
+
+import bonkernels as bk  # noqa: E402
+from bonkernels import estimators, reference  # noqa: E402
+from bonkernels import triton as bk_triton  # noqa: E402
+from bonkernels.triton import _config  # noqa: E402
+
+SUPPORTED = tuple(e for e in estimators._ENTRIES if e.name != "maxk_offpolicy_exact")
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# Relative tolerance (to the group's scale) per output dtype: the kernel and the reference both
+# compute in float64 and cast once, so only a float64 rounding difference that straddles a
+# rounding boundary of the output dtype can show (one unit in the last place).
+RTOL = {torch.float64: 1e-10, torch.float32: 2.0 ** -22, torch.float16: 2.0 ** -9,
+        torch.bfloat16: 2.0 ** -6}
+MODES = {"error": 0, "zero": 1, "clamp": 2}
+
+
+def packed_offsets(sizes) -> torch.Tensor:
+    return torch.tensor([0] + list(torch.tensor(sizes, dtype=torch.int64).cumsum(0)),
+                        dtype=torch.int64)
+
+
+def make_rewards(sizes, est, dtype, generator, tied_fraction=0.5) -> torch.Tensor:
+    """Rewards per group: binary for binary estimators; else Gaussian, with heavy ties in some groups."""
+    parts = []
+    for n in sizes:
+        if est.binary:
+            g = (torch.rand(n, generator=generator) < 0.6).double()
+        elif torch.rand(1, generator=generator).item() < tied_fraction:
+            g = torch.randint(0, 3, (n,), generator=generator).double() / 2.0  # {0, .5, 1}
+        else:
+            g = torch.randn(n, generator=generator, dtype=torch.float64)
+        parts.append(g)
+    values = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    return values.to(dtype)
+
+
+def make_deltas(values, est, generator):
+    if not est.needs_deltas:
+        return None
+    return ((torch.rand(values.numel(), generator=generator, dtype=torch.float64) - 0.5) * 0.6).to(values.dtype)
+
+
+def default_clip(est):
+    return estimators.BON_RLB_DEFAULT_CLIP if est.name == "bon_rlb" else (-math.inf, math.inf)
+
+
+def assert_matches_reference(values, offsets, deltas, k, est, *, clamp_delta=None, clip=None,
+                             mean_scale=True, mode="clamp", eps=1e-6, max_group_size=None):
+    clip_lo, clip_hi = clip if clip is not None else default_clip(est)
+    args = (values, offsets, deltas, k, est.code, clamp_delta, clip_lo, clip_hi, mean_scale,
+            MODES[mode], eps)
+    out = bk_triton.advantages_packed(*args, max_group_size)
+    ref = reference.advantages_packed(*args, None)
+    assert out.dtype == values.dtype and out.shape == values.shape
+    a, b = out.double(), ref.double()
+    assert torch.isfinite(a).all() == torch.isfinite(b).all()
+    sizes = (offsets[1:] - offsets[:-1]).tolist()
+    start = 0
+    for g, n in enumerate(sizes):
+        if n == 0:
+            continue
+        ag, bg = a[start:start + n], b[start:start + n]
+        xg = values[start:start + n].double()
+        scale = max(bg.abs().max().item(), xg.abs().max().item(), 1e-300)
+        tol = RTOL[values.dtype] * scale
+        err = (ag - bg).abs().max().item()
+        assert err <= tol, (f"{est.name} {values.dtype} k={k} mode={mode} mean_scale={mean_scale}: "
+                            f"group {g} (n={n}) differs by {err:.3g} > {tol:.3g}\n"
+                            f"rewards {xg.tolist()}\ntriton {ag.tolist()}\nreference {bg.tolist()}")
+        start += n
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
+def test_ragged_small_groups_match_reference(est, dtype):
+    """Ragged batch with an empty group, singletons, ties, sizes that are not powers of two
+    (BLOCK=16, rank sort), too-small groups zeroed or clamped, both scales."""
+    generator = torch.Generator().manual_seed(1000 + est.code)
+    sizes = [5, 1, 8, 3, 0, 7, 2, 16, 13, 4, 1, 11]
+    offsets = packed_offsets(sizes)
+    for k in (2, 5):
+        for mode in ("zero", "clamp"):
+            for mean_scale in (False, True):
+                values = make_rewards(sizes, est, dtype, generator)
+                deltas = make_deltas(values, est, generator)
+                before = values.clone()
+                assert_matches_reference(values, offsets, deltas, k, est, mode=mode,
+                                         mean_scale=mean_scale,
+                                         clamp_delta=0.2 if deltas is not None and k == 2 else None)
+                assert torch.equal(values, before)
+
+
+@pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
+def test_valid_groups_k1_and_k_equal_n(est):
+    """small_groups='error' (every group valid), the k = 1 and k = n edge cases, float64."""
+    generator = torch.Generator().manual_seed(2000 + est.code)
+    sizes = [4, 6, 3, 8, 5, 2]
+    offsets = packed_offsets(sizes)
+    k_top = min(sizes) - est.k_margin
+    for k in sorted({1, min(2, k_top), k_top}):  # k_top = n for the smallest group
+        values = make_rewards(sizes, est, torch.float64, generator)
+        deltas = make_deltas(values, est, generator)
+        assert_matches_reference(values, offsets, deltas, k, est, mode="error")
+
+
+@pytest.mark.parametrize("sizes", [[3, 8, 1, 6] * 18, [30, 17, 32, 1, 0, 9]],
+                         ids=["block8-two-programs", "block32"])
+@pytest.mark.parametrize("name", ["maxk_loo1", "maxk_offpolicy", "bon_mean", "chen_passk"])
+def test_other_rank_sort_blocks(name, sizes):
+    """BLOCK=8 with more groups than one program holds, and BLOCK=32."""
+    est = estimators.get(name)
+    generator = torch.Generator().manual_seed(3000 + est.code)
+    values = make_rewards(sizes, est, torch.float64, generator)
+    deltas = make_deltas(values, est, generator)
+    assert_matches_reference(values, packed_offsets(sizes), deltas, 3, est, mode="zero")
+
+
+@pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
+def test_packed_sort_path_matches_reference(est):
+    """BLOCK=64/128 (tl.sort on packed keys): float64 (two sorts and a binary search) and a
+    narrower dtype (one packed sort), ragged groups with ties."""
+    generator = torch.Generator().manual_seed(4000 + est.code)
+    narrow = (torch.float32, torch.float16, torch.bfloat16)[est.code % 3]
+    for dtype, sizes in ((torch.float64, [40, 1, 64, 33, 0, 7]), (narrow, [100, 3, 65])):
+        values = make_rewards(sizes, est, dtype, generator, tied_fraction=0.7)
+        deltas = make_deltas(values, est, generator)
+        assert_matches_reference(values, packed_offsets(sizes), deltas, 4, est, mode="clamp",
+                                 clamp_delta=0.1 if deltas is not None else None)
+
+
+def test_block_does_not_change_results():
+    """A larger max_group_size (another bucket, another sort) gives the same values."""
+    est = estimators.get("maxk_loo1")
+    generator = torch.Generator().manual_seed(5)
+    sizes = [5, 9, 1, 12]
+    values = make_rewards(sizes, est, torch.float64, generator)
+    offsets = packed_offsets(sizes)
+    args = (values, offsets, None, 3, est.code, None, -math.inf, math.inf, True, 2, 1e-6)
+    small = bk_triton.advantages_packed(*args, 12)
+    unknown = bk_triton.advantages_packed(*args, None)
+    large = bk_triton.advantages_packed(*args, 100)
+    torch.testing.assert_close(small, unknown, rtol=0, atol=0)
+    torch.testing.assert_close(small, large, rtol=1e-14, atol=1e-14)
+
+
+def test_clip_and_eps_are_exact_float64():
+    """Float options reach the kernel as float64 (the interpreter would round them to float32)."""
+    est = estimators.get("dr_grpo")  # x - mean: -0.35, 0.25, -0.1, 0.45, -0.25
+    values = torch.tensor([0.1, 0.7, 0.35, 0.9, 0.2], dtype=torch.float64)
+    offsets = packed_offsets([5])
+    args = (values, offsets, None, 2, est.code, None, -0.3, 0.3, True, 0, 1e-6)
+    out = bk_triton.advantages_packed(*args, 5)
+    torch.testing.assert_close(out, reference.advantages_packed(*args), rtol=0, atol=1e-15)
+    assert (out == -0.3).any() and (out == 0.3).any()
+
+
+def test_empty_batch_and_empty_groups():
+    est = estimators.get("maxk")
+    for sizes in ([], [0, 0]):
+        values = torch.zeros(0, dtype=torch.float32)
+        out = bk_triton.advantages_packed(values, packed_offsets(sizes), None, 1, est.code, None,
+                                          -math.inf, math.inf, True, 1, 1e-6, 0)
+        assert out.shape == (0,) and out.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- through the public API
+
+def test_public_api_padded_lengths_and_group_ids():
+    generator = torch.Generator().manual_seed(7)
+    rewards = torch.randn(6, 10, generator=generator, dtype=torch.float32)
+    lengths = torch.tensor([10, 3, 1, 7, 0, 9])
+    for name in ("maxk_loo1", "grpo", "tang_loo"):
+        a = bk.advantages(rewards, 3, name, lengths=lengths, backend="triton", small_groups="zero")
+        b = bk.advantages(rewards, 3, name, lengths=lengths, backend="torch", small_groups="zero")
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    ids = torch.randint(0, 5, (40,), generator=generator) * 7 - 3
+    flat = torch.rand(40, generator=generator, dtype=torch.float64)
+    a = bk.advantages(flat, 2, "maxk", group_ids=ids, backend="triton", small_groups="clamp")
+    b = bk.advantages(flat, 2, "maxk", group_ids=ids, backend="torch", small_groups="clamp")
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_public_api_options():
+    generator = torch.Generator().manual_seed(8)
+    binary = (torch.rand(5, 8, generator=generator) < 0.3).double()
+    binary[0] = 0.0  # every sample fails: bon_rlb's default clip bounds the infinite weight
+    a = bk.advantages(binary, 3, "bon_rlb", backend="triton")
+    b = bk.advantages(binary, 3, "bon_rlb", backend="torch")
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert a[0].eq(estimators.BON_RLB_DEFAULT_CLIP[1]).all()
+    rewards = torch.rand(4, 6, generator=generator, dtype=torch.float64)
+    deltas = torch.rand(4, 6, generator=generator, dtype=torch.float64) - 0.5
+    for scale in ("sum", "mean"):
+        a = bk.advantages(rewards, 2, "maxk_offpolicy", deltas=deltas, clamp_delta=0.25,
+                          clip=(-0.4, 0.4), scale=scale, backend="triton")
+        b = bk.advantages(rewards, 2, "maxk_offpolicy", deltas=deltas, clamp_delta=0.25,
+                          clip=(-0.4, 0.4), scale=scale, backend="torch")
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_offpolicy_exact_is_refused():
+    values = torch.rand(8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="maxk_offpolicy_exact"):
+        bk_triton.advantages_packed(values, packed_offsets([8]), values * 0, 2,
+                                    estimators.get("maxk_offpolicy_exact").code, None, -math.inf,
+                                    math.inf, True, 0, 1e-6, 8)
+
+
+def test_group_larger_than_max_block_is_refused():
+    values = torch.rand(_config.MAX_BLOCK + 1, dtype=torch.float32)
+    with pytest.raises(ValueError, match="at most"):
+        bk_triton.advantages_packed(values, packed_offsets([values.numel()]), None, 2, 0, None,
+                                    -math.inf, math.inf, True, 0, 1e-6, None)
