@@ -7,14 +7,20 @@ Public API (nothing else is public):
                small_groups="error", eps=1e-6, check_inputs=True, max_group_size=None)
     pass_at_k(correct, k, *, offsets=None, lengths=None, group_ids=None)
     max_at_k(rewards, k, *, offsets=None, lengths=None, group_ids=None)
+    policy_loss(logp, old_logp, rewards, k, estimator="maxk_loo1", *, mask=None, offsets=None,
+                group_size=None, ref_logp=None, kl_coef=0.0, clip_eps=0.2, clamp_delta=None,
+                weighting="ppo", loss_agg="token_mean", backend="auto") -> (loss, stats)
+    maxk_objective(rewards, logratio, k, *, offsets=None, lengths=None, group_ids=None, exact=True)
     ESTIMATORS
 
 See docs/conventions.md for what each estimator computes.
 """
 
 from .estimators import BON_RLB_DEFAULT_CLIP, ESTIMATORS
+from .loss import policy_loss
+from .objective import maxk_objective
 from .ops import BACKENDS, advantages, max_at_k, pass_at_k
 
 __version__ = "0.1.0"
 
-__all__ = ["advantages", "pass_at_k", "max_at_k", "ESTIMATORS", "BACKENDS", "BON_RLB_DEFAULT_CLIP"]
+__all__ = ["advantages", "pass_at_k", "max_at_k", "policy_loss", "maxk_objective", "ESTIMATORS", "BACKENDS", "BON_RLB_DEFAULT_CLIP"]
