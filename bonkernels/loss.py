@@ -74,8 +74,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
         ref_logp: ``[B, T]`` reference-policy log-probabilities for the KL penalty (constant).
         kl_coef: weight of the k3 KL penalty to ``ref_logp`` (needs ``ref_logp`` when > 0).
         clip_eps: PPO clip range, a float or a ``(low, high)`` pair (``weighting="ppo"`` only).
-        clamp_delta: clamp the off-policy deltas to ``[-c, c]`` (off-policy estimators only).
-        weighting: ``"ppo"`` (clipped ratio objective) or ``"direct"`` (``-stopgrad(A) * logp``).
+        clamp_delta: clamp the off-policy deltas to ``[-c, c]`` (off-policy estimators only). The
+            deltas are sequence-level ratios minus 1, which grow fast with the sequence length.
+        weighting: ``"ppo"`` (clipped ratio objective) or ``"direct"`` (``-stopgrad(A) * logp``;
+            with ``loss_agg="seq_mean_token_sum"`` and equal group sizes its gradient is exactly the
+            estimator's sum_i A_i grad log p(y_i), averaged over groups; ``clip_eps`` is unused).
         loss_agg: ``"token_mean"`` (sum over valid tokens / their number),
             ``"seq_mean_token_sum"`` (per-sequence token sums, averaged over sequences that have
             tokens) or ``"seq_mean_token_mean"`` (per-sequence token means, averaged likewise);

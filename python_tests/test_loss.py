@@ -168,6 +168,10 @@ def test_direct_weighting_gradient_is_minus_advantage(backend):
     A = bk.advantages(rewards, 2, "maxk_offpolicy", offsets=torch.tensor([0, 4, 8]), deltas=torch.expm1(seq_lr))
     expect = (-A[:, None] / 8.0) * mask     # no ratio factor: the weights already carry it
     torch.testing.assert_close(x.grad, expect, rtol=1e-12, atol=1e-14)
+    # i.e. minus the spec's sum-scale estimator, averaged over the G = 2 groups
+    A_sum = bk.advantages(rewards, 2, "maxk_offpolicy", offsets=torch.tensor([0, 4, 8]),
+                          deltas=torch.expm1(seq_lr), scale="sum")
+    torch.testing.assert_close(x.grad.sum(-1) / mask.sum(-1), -A_sum / 2, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -172,7 +172,11 @@ def register(names=None) -> dict:
     out = {}
     for name in names:
         verl_name = PREFIX + name
-        fn = REGISTERED.get(verl_name) or make_estimator(name)
+        existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(verl_name)
+        if getattr(existing, "estimator", None) == name:   # ours, from an earlier import or reload
+            fn = existing
+        else:
+            fn = REGISTERED.get(verl_name) or make_estimator(name)
         if estimators.get(name).needs_deltas:
             raise ValueError(f"{name} cannot be a verl advantage estimator (it needs the current policy's "
                              "log-probs); use bonkernels.policy_loss")
