@@ -48,6 +48,24 @@ enum Code : int {
 // Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
 constexpr double kZscoreConstantRtol = 1e-10;
 
+// a / b in the per-element paths. On the GPU, IEEE double division is an out-of-line ptxas
+// subroutine whose calling convention costs stack and register spills; a hardware reciprocal
+// estimate refined by Newton steps stays inline and is within an ulp or so (b is a normal number:
+// the divisors here are counts, group sizes and standard deviations plus eps).
+BK_HD double bk_div(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  double r;
+  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(b));
+  r = fma(fma(-b, r, 1.0), r, r);
+  r = fma(fma(-b, r, 1.0), r, r);
+  double q = a * r;
+  q = fma(fma(-b, q, a), r, q);
+  return q;
+#else
+  return a / b;
+#endif
+}
+
 // One call's scalar arguments, as the backend interface passes them (docs/conventions.md).
 struct Params {
   int k;             // requested k (>= 1)
@@ -101,7 +119,7 @@ BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
   double a = natural;
   const bool mean_natural = natural_scale_is_mean(p.code);
   if (p.mean_scale && !mean_natural) a = a * n;
-  else if (!p.mean_scale && mean_natural) a = a / (n < 1 ? 1 : n);
+  else if (!p.mean_scale && mean_natural) a = bk_div(a, double(n < 1 ? 1 : n));
   if (zero) a = 0.0;
   if (a < p.clip_lo) a = p.clip_lo;
   if (a > p.clip_hi) a = p.clip_hi;
@@ -144,13 +162,25 @@ BK_UNROLL
 
 // Downward ratio recurrence factor of spec 0.1: d_{t-1} = d_t * (t-K)/(t-1), for 2 <= t <= N.
 BK_HD double table_factor(int t, int N, int K) {
-  return (t >= 2 && t <= N) ? double(t - K) / double(t - 1) : 1.0;
+  return (t >= 2 && t <= N) ? bk_div(double(t - K), double(t - 1)) : 1.0;
+}
+
+// base^e for an integer e >= 0 by repeated squaring (a few ulp; avoids pow's out-of-line call
+// on the GPU, whose calling convention costs stack and register spills).
+BK_HD double ipow(double base, int e) {
+  double r = 1.0;
+  while (e > 0) {
+    if (e & 1) r *= base;
+    base *= base;
+    e >>= 1;
+  }
+  return r;
 }
 
 // o_j = d_j (k-1)/(j-1), q_j = o_j (k-2)/(j-2): position-local, from the d table (spec 0.1).
-BK_HD double o_from_d(double d, int j, int k) { return j >= 2 ? d * double(k - 1) / double(j - 1) : 0.0; }
+BK_HD double o_from_d(double d, int j, int k) { return j >= 2 ? bk_div(d * double(k - 1), double(j - 1)) : 0.0; }
 BK_HD double q_from_o(double o, int j, int k) {
-  const double q = j >= 3 ? o * double(k - 2) / double(j - 2) : 0.0;
+  const double q = j >= 3 ? bk_div(o * double(k - 2), double(j - 2)) : 0.0;
   return q > 0.0 ? q : 0.0;
 }
 

@@ -14,7 +14,8 @@
 //   scan(reverse, id, op, term, consume)         consume(s, j, op-fold of term over ranks before j
 //                                                (after j when reverse)); term(s, j) -> T
 //   reduce(id, op, term) -> T                    op-fold of term(s, j) over the group, on every lane
-//   weights(N, K, at, prev)                      at[s] = d^(N,K)_j, prev (may be null) = d^(N,K)_{j-1}
+//   weights(N, K, at)                            at[s] = d^(N,K)_j (0 for j > N)
+//   weights2(N, K, at, prev)                     also prev[s] = d^(N,K)_{j-1}
 //   emit(s, value)                               the final value of slot s (scattered by the executor)
 // Ranks j are 1-based, as in the spec. Lambdas only ever see valid slots (j <= n).
 #pragma once
@@ -26,16 +27,16 @@ namespace bk {
 // d^(N,K)_j = C(j-1,K-1)/C(N,K) (0 for j > N) by a reversed exclusive product scan of the
 // downward-recurrence factors: d_j = (K/N) prod_{N >= t > j} (t-K)/(t-1). Every factor lies in
 // [0, 1] for t > K and the factor at t = K is 0, so nothing overflows (spec 0.1).
-template <class Ex>
-BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename Ex::Vec* prev) {
-  const double top = double(K) / double(N < 1 ? 1 : N);
+template <class Ex, bool kPrev>
+BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename Ex::Vec& prev) {
+  const double top = bk_div(double(K), double(N < 1 ? 1 : N));
   ex.scan(true, 1.0, ProdOp(), [&](int, int j) { return table_factor(j, N, K); },
           [&](int s, int j, double excl) {
             const double a = (j <= N && K >= 1) ? top * excl : 0.0;
             at[s] = a > 0.0 ? a : 0.0;
-            if (prev) {
+            if (kPrev) {
               const double b = (j >= 2 && j <= N + 1 && K >= 1) ? top * excl * table_factor(j, N, K) : 0.0;
-              (*prev)[s] = b > 0.0 ? b : 0.0;
+              prev[s] = b > 0.0 ? b : 0.0;
             }
           });
 }
@@ -51,15 +52,16 @@ BK_HD void maxk_values(Ex& ex, int k, typename Ex::Vec& x, typename Ex::Vec& d, 
 template <class Ex, class Emit>
 BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emit emit) {
   const int n = ex.n;
-  const double mean = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s]; }) / double(n);
+  const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s]; }), double(n));
   const double ss = ex.reduce(0.0, SumOp(), [&](int s, int) {
     const double c = v[s] - mean;
     return c * c;
   });
   const double scale = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); });
-  const double sd = ::sqrt(ss / double(n - 1 < 1 ? 1 : n - 1));
+  const double sd = ::sqrt(bk_div(ss, double(n - 1 < 1 ? 1 : n - 1)));
   const bool constant = n < 2 || sd <= rtol * scale;
-  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : (v[s] - mean) / (sd + eps)); });
+  const double denom = sd + eps;
+  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div(v[s] - mean, denom)); });
 }
 
 // One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only).
@@ -84,7 +86,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case PASSK: {  // passk: maxk on {0, 1} rewards (spec 2.1)
       Vec d;
       ex.alloc(d);
-      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.weights(n, k, d);
       maxk_values(ex, k, x, d, emit);
       return;
     }
@@ -92,10 +94,10 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case MAXK_LOO_CENTERED: {  // s_j - c * maxk_k(x without j), spec 2.3 (k <= n - 1, so n >= 2)
       Vec d, s_val, w, w_prev, pre;
       ex.alloc(d), ex.alloc(s_val), ex.alloc(w), ex.alloc(w_prev), ex.alloc(pre);
-      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.weights(n, k, d);
       maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
-      ex.weights(n - 1, k, w, &w_prev);  // w' = d(n-1, k) at j and at j - 1
-      const double c = double(k) / (p.code == MAXK_LOO ? double(n - 1) : nd);
+      ex.weights2(n - 1, k, w, w_prev);  // w' = d(n-1, k) at j and at j - 1
+      const double c = bk_div(double(k), p.code == MAXK_LOO ? double(n - 1) : nd);
       ex.scan(false, 0.0, SumOp(), [&](int s, int) { return w[s] * x[s]; },
               [&](int s, int, double prefix) { pre[s] = prefix; });
       // maxk(rest of j) = sum_{t<j} w'_t x_t + sum_{t>j} w'_{t-1} x_t
@@ -107,17 +109,17 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       if (k == 1) {    // (x_j - mean of the others) / n; 0 for a singleton
         const double total = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
         ex.for_each([&](int s, int) {
-          const double others = (total - x[s]) / double(n - 1 < 1 ? 1 : n - 1);
-          emit(s, n > 1 ? (x[s] - others) / nd : 0.0);
+          const double others = bk_div(total - x[s], double(n - 1 < 1 ? 1 : n - 1));
+          emit(s, n > 1 ? bk_div(x[s] - others, nd) : 0.0);
         });
         return;
       }
       // d_j y_j - sum_{t<j} o_{t+1} y_t with y = x - x_(1); o_{t+1} = (k/n) d^(n-1,k-1)_t.
       Vec d, o_next;
       ex.alloc(d), ex.alloc(o_next);
-      ex.weights(n, k, d, (Vec*)nullptr);
-      ex.weights(n - 1, k - 1, o_next, (Vec*)nullptr);
-      const double kn = double(k) / nd;
+      ex.weights(n, k, d);
+      ex.weights(n - 1, k - 1, o_next);
+      const double kn = bk_div(double(k), nd);
       const double lo = ex.reduce(BK_INF, MinOp(), [&](int s, int) { return x[s]; });
       ex.scan(false, 0.0, SumOp(), [&](int s, int) { return kn * o_next[s] * (x[s] - lo); },
               [&](int s, int, double prefix) { emit(s, d[s] * (x[s] - lo) - prefix); });
@@ -126,7 +128,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case MAXK_OFFPOLICY: {  // spec 3.2, O(n) form after the sort
       Vec d, dsum;
       ex.alloc(d), ex.alloc(dsum);
-      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.weights(n, k, d);
       ex.scan(false, 0.0, SumOp(), [&](int s, int) { return delta[s]; },
               [&](int s, int, double prefix) { dsum[s] = prefix; });  // D_j = sum_{l<j} delta_l
       ex.scan(
@@ -155,7 +157,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case BON_MAX_MEAN: {
-      const double mean = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) / nd;
+      const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }), nd);
       const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
       ex.for_each([&](int s, int) { emit(s, x[s] == top ? x[s] - mean : 0.0); });
       return;
@@ -170,7 +172,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case BON_MEAN: {  // z-score of s (spec 3.3), with the constant-group guard
       Vec d, s_val;
       ex.alloc(d), ex.alloc(s_val);
-      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.weights(n, k, d);
       maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
       zscore_emit(ex, s_val, p.eps, kZscoreConstantRtol, emit);
       return;
@@ -178,39 +180,40 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case CHEN_PASSK: {  // ((n/k) s - R) / (sqrt(R (1 - R)) + eps), R = pass@k estimate (spec 6)
       Vec d, s_val;
       ex.alloc(d), ex.alloc(s_val);
-      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.weights(n, k, d);
       maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
       const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
       const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
       const bool degenerate = c == 0.0 || nd - c < double(k);
       double var = R * (1.0 - R);
       const double sigma = ::sqrt(var > 0.0 ? var : 0.0);
-      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : (nd / double(k) * s_val[s] - R) / (sigma + p.eps)); });
+      const double n_over_k = bk_div(nd, double(k));
+      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : bk_div(n_over_k * s_val[s] - R, sigma + p.eps)); });
       return;
     }
     case BON_RLB:
     case BON_RLB_POS: {  // Chow et al., averaged over k-subsets (docs/conventions.md), times n
       Vec d;
       ex.alloc(d);
-      ex.weights(n, k, d, (Vec*)nullptr);
+      ex.weights(n, k, d);
       const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
       const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      const double pf = (nd - c) / nd;  // plug-in failure probability
+      const double pf = bk_div(nd - c, nd);  // plug-in failure probability
       const double kd = double(k);
-      const double p_km1 = ::pow(pf, kd - 1.0);
+      const double p_km1 = ipow(pf, k - 1);
       const double one_minus_pk = -::expm1(kd * ::log(pf));  // 1 - p^k, accurate near p = 1
       const double one_minus_p = (1.0 - pf) > 1e-300 ? (1.0 - pf) : 1e-300;
       double w_plus, w_minus;
       if (p.code == BON_RLB) {
-        w_plus = kd * p_km1 / (one_minus_pk > 1e-300 ? one_minus_pk : 1e-300);
-        w_minus = pf < 1.0 ? kd * pf / one_minus_p : BK_INF;
+        w_plus = bk_div(kd * p_km1, one_minus_pk > 1e-300 ? one_minus_pk : 1e-300);
+        w_minus = pf < 1.0 ? bk_div(kd * pf, one_minus_p) : BK_INF;
       } else {
-        const double geometric = pf < 1.0 ? one_minus_pk / one_minus_p : kd;  // 1 + p + ... + p^(k-1)
-        w_plus = kd * p_km1 / geometric;
+        const double geometric = pf < 1.0 ? bk_div(one_minus_pk, one_minus_p) : kd;  // 1 + p + ... + p^(k-1)
+        w_plus = bk_div(kd * p_km1, geometric);
         w_minus = 0.0;
       }
-      const double correct = w_plus * R / (c > 1.0 ? c : 1.0);
-      const double wrong = w_minus * (1.0 - R) / ((nd - c) > 1.0 ? (nd - c) : 1.0);
+      const double correct = bk_div(w_plus * R, c > 1.0 ? c : 1.0);
+      const double wrong = bk_div(w_minus * (1.0 - R), (nd - c) > 1.0 ? (nd - c) : 1.0);
       ex.for_each([&](int s, int) { emit(s, (x[s] == 1.0 ? correct : wrong) * nd); });
       return;
     }
@@ -220,13 +223,13 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case RLOO: {  // x - mean of the others (mean scale); 0 for a singleton
       const double total = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
       ex.for_each([&](int s, int) {
-        const double others = (total - x[s]) / double(n - 1 < 1 ? 1 : n - 1);
-        emit(s, n > 1 ? (x[s] - others) / nd * nd : 0.0);
+        const double others = bk_div(total - x[s], double(n - 1 < 1 ? 1 : n - 1));
+        emit(s, n > 1 ? bk_div(x[s] - others, nd) * nd : 0.0);
       });
       return;
     }
     case DR_GRPO: {
-      const double mean = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) / nd;
+      const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }), nd);
       ex.for_each([&](int s, int) { emit(s, x[s] - mean); });
       return;
     }

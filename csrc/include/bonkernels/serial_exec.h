@@ -87,7 +87,11 @@ class SerialExec {
   }
 
   // d^(N,K) at each rank j = 1..n (and at j - 1 into prev), from a per-thread cache.
-  void weights(int N, int K, Vec& at, Vec* prev) {
+  void weights(int N, int K, Vec& at) { fill_weights(N, K, at, nullptr); }
+  void weights2(int N, int K, Vec& at, Vec& prev) { fill_weights(N, K, at, &prev); }
+
+ private:
+  void fill_weights(int N, int K, Vec& at, Vec* prev) {
     const std::vector<double>& t = table(N, K);  // t[m] = d^(N,K)_m, m = 0..N+1 (0 outside 1..N)
     for (int s = 0; s < n; ++s) {
       const int j = s + 1;
@@ -96,6 +100,8 @@ class SerialExec {
     }
   }
 
+
+ public:
   // Final values in sorted order; the caller scatters them back.
   void emit(int s, double v) { values_[s] = v; }
   const double* values() const { return values_.data(); }

@@ -1,0 +1,430 @@
+// CUDA kernels of the fused advantages op. Torch-free: CUB and the CUDA runtime only, so this file
+// compiles with bare nvcc (see launch.h for the extern "C" entry point).
+//
+// One launch per call, shaped by the largest group size (a host-side bound):
+//   * n <= 32:   sub-warp executor, W = 8, 16 or 32 lanes per group (32/W groups per warp): one
+//                element per lane, bitonic sort with shuffles, shuffle scans and reductions;
+//   * n <= 4096: block executor, one block per group: cub::BlockRadixSort, then per-thread serial
+//                scans over ITEMS consecutive ranks combined across threads with shuffles and a
+//                tiny shared array of warp totals (no bank conflicts: one word per warp).
+// The per-group mathematics is bk::compute_group (group_math.h), shared with the CPU kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+#include <cub/block/block_radix_sort.cuh>
+
+#include "bonkernels/common.h"
+#include "bonkernels/group_math.h"
+#include "cuda/launch.h"
+
+namespace bk {
+namespace cuda {
+
+// ----------------------------------------------------------------------------- element access
+
+__device__ __forceinline__ double load_value(int dtype, const void* p, int64_t i) {
+  switch (dtype) {
+    case BK_FLOAT32: return double(static_cast<const float*>(p)[i]);
+    case BK_FLOAT64: return static_cast<const double*>(p)[i];
+    case BK_FLOAT16: return double(__half2float(static_cast<const __half*>(p)[i]));
+    default: return double(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+  }
+}
+
+// One rounding per output; half/bfloat16 go through float, as torch's own casts do.
+__device__ __forceinline__ void store_value(int dtype, void* p, int64_t i, double v) {
+  switch (dtype) {
+    case BK_FLOAT32: static_cast<float*>(p)[i] = float(v); break;
+    case BK_FLOAT64: static_cast<double*>(p)[i] = v; break;
+    case BK_FLOAT16: static_cast<__half*>(p)[i] = __float2half_rn(float(v)); break;
+    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(float(v)); break;
+  }
+}
+
+__device__ __forceinline__ double round_to_dtype(int dtype, double v) {
+  switch (dtype) {
+    case BK_FLOAT32: return double(float(v));
+    case BK_FLOAT64: return v;
+    case BK_FLOAT16: return double(__half2float(__float2half_rn(float(v))));
+    default: return double(__bfloat162float(__float2bfloat16_rn(float(v))));
+  }
+}
+
+// The clamped delta of one sample, clamped in the input dtype as the reference does.
+__device__ __forceinline__ double load_delta(int dtype, const void* deltas, int64_t i, const Params& p) {
+  double dl = load_value(dtype, deltas, i);
+  if (p.has_clamp) {
+    dl = dl < -p.clamp_delta ? -p.clamp_delta : (dl > p.clamp_delta ? p.clamp_delta : dl);
+    dl = round_to_dtype(dtype, dl);
+  }
+  return dl;
+}
+
+// ----------------------------------------------------------------------------- shuffles of scan values
+
+__device__ __forceinline__ double shfl_up(unsigned mask, double v, int d, int w) { return __shfl_up_sync(mask, v, d, w); }
+__device__ __forceinline__ double shfl_down(unsigned mask, double v, int d, int w) { return __shfl_down_sync(mask, v, d, w); }
+__device__ __forceinline__ double shfl_xor(unsigned mask, double v, int d, int w) { return __shfl_xor_sync(mask, v, d, w); }
+template <int M>
+__device__ __forceinline__ DVec<M> shfl_up(unsigned mask, const DVec<M>& v, int d, int w) {
+  DVec<M> r;
+  BK_UNROLL
+  for (int i = 0; i < M; ++i) r.v[i] = __shfl_up_sync(mask, v.v[i], d, w);
+  return r;
+}
+template <int M>
+__device__ __forceinline__ DVec<M> shfl_down(unsigned mask, const DVec<M>& v, int d, int w) {
+  DVec<M> r;
+  BK_UNROLL
+  for (int i = 0; i < M; ++i) r.v[i] = __shfl_down_sync(mask, v.v[i], d, w);
+  return r;
+}
+template <int M>
+__device__ __forceinline__ DVec<M> shfl_xor(unsigned mask, const DVec<M>& v, int d, int w) {
+  DVec<M> r;
+  BK_UNROLL
+  for (int i = 0; i < M; ++i) r.v[i] = __shfl_xor_sync(mask, v.v[i], d, w);
+  return r;
+}
+
+// Inclusive scan over the W lanes of a segment (reverse: from the last lane down).
+template <int W, class T, class Op>
+__device__ __forceinline__ T segment_inclusive_scan(unsigned mask, int lane, bool reverse, T v, T id, Op op) {
+  BK_UNROLL
+  for (int off = 1; off < W; off <<= 1) {
+    const T o = reverse ? shfl_down(mask, v, off, W) : shfl_up(mask, v, off, W);
+    const bool has = reverse ? (lane + off < W) : (lane >= off);
+    if (has) v = op(o, v);
+  }
+  return v;
+}
+
+template <int W, class T>
+__device__ __forceinline__ T segment_shift(unsigned mask, int lane, bool reverse, T v, T id) {
+  const T o = reverse ? shfl_down(mask, v, 1, W) : shfl_up(mask, v, 1, W);
+  const bool has = reverse ? (lane + 1 < W) : (lane >= 1);
+  return has ? o : id;
+}
+
+// ----------------------------------------------------------------------------- sub-warp executor
+
+// W lanes per group, one element per lane; lane l holds rank l + 1 after the sort.
+template <int W>
+struct WarpExec {
+  struct Vec {
+    double v[1];
+    __device__ __forceinline__ double& operator[](int) { return v[0]; }
+  };
+  int n;
+  int lane;       // lane within the segment
+  unsigned mask;  // the segment's lanes
+  int idx;        // original position (within the group) of this lane's element
+  int64_t base;
+  void* out;
+  int dtype;
+
+  __device__ __forceinline__ void alloc(Vec&) {}
+
+  template <class F>
+  __device__ __forceinline__ void for_each(F f) {
+    if (lane < n) f(0, lane + 1);
+  }
+
+  template <class T, class Op, class Term, class Consume>
+  __device__ __forceinline__ void scan(bool reverse, T id, Op op, Term term, Consume consume) {
+    const bool valid = lane < n;
+    const T t = valid ? term(0, lane + 1) : id;
+    const T inc = segment_inclusive_scan<W>(mask, lane, reverse, t, id, op);
+    const T exc = segment_shift<W>(mask, lane, reverse, inc, id);
+    if (valid) consume(0, lane + 1, exc);
+  }
+
+  template <class T, class Op, class Term>
+  __device__ __forceinline__ T reduce(T id, Op op, Term term) {
+    T r = lane < n ? term(0, lane + 1) : id;
+    BK_UNROLL
+    for (int off = W / 2; off >= 1; off >>= 1) r = op(r, shfl_xor(mask, r, off, W));
+    return r;
+  }
+
+  __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<WarpExec, false>(*this, N, K, at, at); }
+  __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
+    weights_by_scan<WarpExec, true>(*this, N, K, at, prev);
+  }
+
+  __device__ __forceinline__ void emit(int, double v) {
+    if (lane < n) store_value(dtype, out, base + idx, v);
+  }
+};
+
+// Bitonic sort of (key, idx) across the W lanes of a segment, ascending; ties by idx.
+template <int W>
+__device__ __forceinline__ void segment_bitonic_sort(unsigned mask, int lane, double& key, int& idx) {
+  BK_UNROLL
+  for (int size = 2; size <= W; size <<= 1) {
+    BK_UNROLL
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      const double pk = __shfl_xor_sync(mask, key, stride, W);
+      const int pi = __shfl_xor_sync(mask, idx, stride, W);
+      const bool ascending = (lane & size) == 0;
+      const bool lower = (lane & stride) == 0;
+      const bool partner_less = pk < key || (pk == key && pi < idx);
+      const bool take_partner = (lower == ascending) ? partner_less : !partner_less;
+      if (take_partner) {
+        key = pk;
+        idx = pi;
+      }
+    }
+  }
+}
+
+template <int W>
+__global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __restrict__ values,
+                                                   const int64_t* __restrict__ offsets,
+                                                   const void* __restrict__ deltas, void* __restrict__ out,
+                                                   int64_t num_groups, Params p) {
+  const int lane32 = threadIdx.x & 31;
+  const int lane = lane32 % W;
+  const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / W;
+  WarpExec<W> ex;
+  ex.lane = lane;
+  ex.mask = (W == 32) ? 0xffffffffu : (((1u << W) - 1u) << (lane32 - lane));
+  ex.n = 0;
+  ex.base = 0;
+  if (g < num_groups) {
+    ex.base = offsets[g];
+    const int64_t size = offsets[g + 1] - ex.base;
+    ex.n = int(size);
+    if (size > W) {  // the max_group_size hint was wrong: mark the group instead of reading past it
+      for (int64_t i = lane; i < size; i += W) store_value(dtype, out, ex.base + i, BK_NAN);
+      ex.n = 0;
+    }
+  }
+  ex.out = out;
+  ex.dtype = dtype;
+  double key = lane < ex.n ? load_value(dtype, values, ex.base + lane) : BK_INF;
+  int idx = lane;
+  segment_bitonic_sort<W>(ex.mask, lane, key, idx);
+  ex.idx = idx;
+  typename WarpExec<W>::Vec x, delta;
+  x[0] = key;
+  delta[0] = (needs_deltas(p.code) && deltas != nullptr && lane < ex.n) ? load_delta(dtype, deltas, ex.base + idx, p) : 0.0;
+  compute_group(ex, p, x, delta);
+}
+
+// ----------------------------------------------------------------------------- block executor
+
+template <int BLOCK>
+struct BlockScratch {
+  static constexpr int kWarps = BLOCK / 32;
+  double warp_totals[kWarps * 4];  // room for a DVec<4> per warp
+};
+
+template <class T>
+struct Words;
+template <>
+struct Words<double> {
+  static constexpr int n = 1;
+  __device__ static void put(double* s, const double& v) { s[0] = v; }
+  __device__ static double get(const double* s) { return s[0]; }
+};
+template <int M>
+struct Words<DVec<M>> {
+  static constexpr int n = M;
+  __device__ static void put(double* s, const DVec<M>& v) {
+    BK_UNROLL
+    for (int i = 0; i < M; ++i) s[i] = v.v[i];
+  }
+  __device__ static DVec<M> get(const double* s) {
+    DVec<M> r;
+    BK_UNROLL
+    for (int i = 0; i < M; ++i) r.v[i] = s[i];
+    return r;
+  }
+};
+
+// One group per block of BLOCK threads; thread t holds ranks t*ITEMS + 1 .. t*ITEMS + ITEMS.
+template <int BLOCK, int ITEMS>
+struct BlockExec {
+  static constexpr int kWarps = BLOCK / 32;
+  struct Vec {
+    double v[ITEMS];
+    __device__ __forceinline__ double& operator[](int s) { return v[s]; }
+  };
+  int n;
+  int first;  // 0-based rank of this thread's item 0
+  int idx[ITEMS];
+  int64_t base;
+  void* out;
+  int dtype;
+  BlockScratch<BLOCK>* scratch;
+
+  __device__ __forceinline__ void alloc(Vec&) {}
+
+  template <class F>
+  __device__ __forceinline__ void for_each(F f) {
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s)
+      if (first + s < n) f(s, first + s + 1);
+  }
+
+  // Exclusive scan, in rank order (reverse: from the top rank down). Two passes over the thread's
+  // items (term is cheap and recomputed) so no per-item partial sums are kept in registers.
+  template <class T, class Op, class Term, class Consume>
+  __device__ __forceinline__ void scan(bool reverse, T id, Op op, Term term, Consume consume) {
+    T total = id;
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s)
+      if (first + s < n) total = op(total, term(s, first + s + 1));
+    T run = thread_exclusive(reverse, total, id, op);
+    if (!reverse) {
+      BK_UNROLL
+      for (int s = 0; s < ITEMS; ++s)
+        if (first + s < n) {
+          const T t = term(s, first + s + 1);
+          consume(s, first + s + 1, run);
+          run = op(run, t);
+        }
+    } else {
+      BK_UNROLL
+      for (int s = ITEMS - 1; s >= 0; --s)
+        if (first + s < n) {
+          const T t = term(s, first + s + 1);
+          consume(s, first + s + 1, run);
+          run = op(run, t);
+        }
+    }
+  }
+
+  // Fold of the thread totals before this thread (after it when reverse).
+  template <class T, class Op>
+  __device__ __forceinline__ T thread_exclusive(bool reverse, T v, T id, Op op) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const T inc = segment_inclusive_scan<32>(0xffffffffu, lane, reverse, v, id, op);
+    const T exc = segment_shift<32>(0xffffffffu, lane, reverse, inc, id);
+    __syncthreads();  // the previous user of the scratch is done
+    if (lane == (reverse ? 0 : 31)) Words<T>::put(scratch->warp_totals + warp * Words<T>::n, inc);
+    __syncthreads();
+    T offset = id;
+    for (int w = 0; w < kWarps; ++w)
+      if (reverse ? (w > warp) : (w < warp)) offset = op(offset, Words<T>::get(scratch->warp_totals + w * Words<T>::n));
+    return op(offset, exc);
+  }
+
+  template <class T, class Op, class Term>
+  __device__ __forceinline__ T reduce(T id, Op op, Term term) {
+    T r = id;
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s)
+      if (first + s < n) r = op(r, term(s, first + s + 1));
+    BK_UNROLL
+    for (int off = 16; off >= 1; off >>= 1) r = op(r, shfl_xor(0xffffffffu, r, off, 32));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) Words<T>::put(scratch->warp_totals + warp * Words<T>::n, r);
+    __syncthreads();
+    T all = id;
+    for (int w = 0; w < kWarps; ++w) all = op(all, Words<T>::get(scratch->warp_totals + w * Words<T>::n));
+    return all;  // same order on every thread: identical values everywhere
+  }
+
+  __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<BlockExec, false>(*this, N, K, at, at); }
+  __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
+    weights_by_scan<BlockExec, true>(*this, N, K, at, prev);
+  }
+
+  __device__ __forceinline__ void emit(int s, double v) {
+    if (first + s < n) store_value(dtype, out, base + idx[s], v);
+  }
+};
+
+template <int BLOCK, int ITEMS>
+__global__ void __launch_bounds__(BLOCK) block_kernel(int dtype, const void* __restrict__ values,
+                                                      const int64_t* __restrict__ offsets,
+                                                      const void* __restrict__ deltas, void* __restrict__ out,
+                                                      int64_t num_groups, Params p) {
+  using Sort = cub::BlockRadixSort<double, BLOCK, ITEMS, int>;
+  __shared__ union {
+    typename Sort::TempStorage sort;
+    BlockScratch<BLOCK> scan;
+  } smem;
+  const int64_t g = blockIdx.x;
+  if (g >= num_groups) return;  // uniform per block
+  BlockExec<BLOCK, ITEMS> ex;
+  ex.base = offsets[g];
+  const int64_t size = offsets[g + 1] - ex.base;
+  ex.out = out;
+  ex.dtype = dtype;
+  ex.scratch = &smem.scan;
+  ex.first = threadIdx.x * ITEMS;
+  if (size > int64_t(BLOCK) * ITEMS) {  // wrong max_group_size hint: mark the group
+    for (int64_t i = threadIdx.x; i < size; i += BLOCK) store_value(dtype, out, ex.base + i, BK_NAN);
+    return;
+  }
+  ex.n = int(size);
+  if (ex.n == 0) return;
+  // Striped, coalesced loads; the sort leaves a blocked arrangement (rank = first + s).
+  double keys[ITEMS];
+  BK_UNROLL
+  for (int s = 0; s < ITEMS; ++s) {
+    const int i = s * BLOCK + threadIdx.x;
+    keys[s] = i < ex.n ? load_value(dtype, values, ex.base + i) : BK_INF;
+    ex.idx[s] = i;
+  }
+  Sort(smem.sort).Sort(keys, ex.idx);
+  __syncthreads();  // the scan scratch aliases the sort storage
+  typename BlockExec<BLOCK, ITEMS>::Vec x, delta;
+  const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
+  BK_UNROLL
+  for (int s = 0; s < ITEMS; ++s) {
+    x[s] = keys[s];
+    delta[s] = (off_policy && ex.first + s < ex.n) ? load_delta(dtype, deltas, ex.base + ex.idx[s], p) : 0.0;
+  }
+  compute_group(ex, p, x, delta);
+}
+
+// ----------------------------------------------------------------------------- launcher
+
+template <class Kernel>
+cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, int dtype,
+                   const void* values, const int64_t* offsets, const void* deltas, void* out, int64_t num_groups,
+                   const Params& p) {
+  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, p);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace bk
+
+extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* offsets, const void* deltas, void* out,
+                                  int64_t num_groups, int max_group_size, bk::Params params, void* stream_ptr,
+                                  char* err, int errlen) {
+  using namespace bk::cuda;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (num_groups <= 0) return 0;
+  if (max_group_size > BK_CUDA_MAX_GROUP || max_group_size < 0) {
+    if (err) snprintf(err, errlen, "max_group_size %d outside [0, %d]", max_group_size, BK_CUDA_MAX_GROUP);
+    return int(cudaErrorInvalidValue);
+  }
+  if (num_groups > int64_t(0x7fffffff)) {
+    if (err) snprintf(err, errlen, "too many groups (%lld)", (long long)num_groups);
+    return int(cudaErrorInvalidValue);
+  }
+  const int n = max_group_size;
+  cudaError_t rc;
+  auto warp_blocks = [&](int w) { return unsigned((num_groups * w + 255) / 256); };
+#define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, params
+  if (n <= 8) rc = launch(warp_kernel<8>, warp_blocks(8), 256, BK_ARGS);
+  else if (n <= 16) rc = launch(warp_kernel<16>, warp_blocks(16), 256, BK_ARGS);
+  else if (n <= 32) rc = launch(warp_kernel<32>, warp_blocks(32), 256, BK_ARGS);
+  else if (n <= 256) rc = launch(block_kernel<128, 2>, unsigned(num_groups), 128, BK_ARGS);
+  else if (n <= 512) rc = launch(block_kernel<128, 4>, unsigned(num_groups), 128, BK_ARGS);
+  else if (n <= 1024) rc = launch(block_kernel<256, 4>, unsigned(num_groups), 256, BK_ARGS);
+  else if (n <= 2048) rc = launch(block_kernel<256, 8>, unsigned(num_groups), 256, BK_ARGS);
+  else rc = launch(block_kernel<512, 8>, unsigned(num_groups), 512, BK_ARGS);
+#undef BK_ARGS
+  if (rc != cudaSuccess && err) snprintf(err, errlen, "%s: %s", cudaGetErrorName(rc), cudaGetErrorString(rc));
+  return int(rc);
+}

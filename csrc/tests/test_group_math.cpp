@@ -1,0 +1,280 @@
+// Unit tests of the per-group mathematics (group_math.h) against brute-force enumeration over all
+// k-subsets, for n = 1..9 and every k, on random rewards with ties. Run by ctest (CMakeLists.txt).
+// Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
+// ScanTablesExec (tables from the generic product scan, what the CUDA executors run).
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "bonkernels/group_math.h"
+#include "bonkernels/serial_exec.h"
+
+namespace {
+
+int failures = 0;
+int checks = 0;
+
+void expect_close(double got, double want, double tol, const char* what, int n, int k, int i) {
+  ++checks;
+  const bool ok = (std::isnan(want) && std::isnan(got)) || std::fabs(got - want) <= tol * (1.0 + std::fabs(want));
+  if (!ok) {
+    if (failures < 20) std::printf("FAIL %s n=%d k=%d i=%d: got %.17g want %.17g\n", what, n, k, i, got, want);
+    ++failures;
+  }
+}
+
+struct ScanTablesExec : bk::SerialExec {
+  void weights(int N, int K, Vec& at) { bk::weights_by_scan<ScanTablesExec, false>(*this, N, K, at, at); }
+  void weights2(int N, int K, Vec& at, Vec& prev) { bk::weights_by_scan<ScanTablesExec, true>(*this, N, K, at, prev); }
+};
+
+// Run one estimator on one group (any order); values back in the original order, natural scale.
+template <class Ex>
+std::vector<double> run(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
+                        double eps = 1e-6) {
+  const int n = int(g.size());
+  bk::Params p{};
+  p.k = k;
+  p.code = code;
+  p.small_groups = 0;
+  p.has_clamp = 0;
+  p.clip_lo = -INFINITY;
+  p.clip_hi = INFINITY;
+  p.mean_scale = bk::natural_scale_is_mean(code) ? 1 : 0;
+  p.eps = eps;
+  std::vector<std::pair<double, int32_t>> pairs(n);
+  for (int i = 0; i < n; ++i) pairs[i] = {g[i], i};
+  bk::sort_pairs(pairs.data(), n);
+  Ex ex;
+  ex.begin_group(n);
+  typename Ex::Vec x, d;
+  ex.alloc(x);
+  ex.alloc(d);
+  for (int s = 0; s < n; ++s) {
+    x[s] = pairs[s].first;
+    d[s] = delta.empty() ? 0.0 : delta[pairs[s].second];
+  }
+  bk::compute_group(ex, p, x, d);
+  std::vector<double> out(n);
+  for (int s = 0; s < n; ++s) out[pairs[s].second] = ex.values()[s];
+  return out;
+}
+
+// ---------------------------------------------------------------- brute force over subsets
+
+double binom(int a, int b) {
+  if (b < 0 || a < 0 || b > a) return 0.0;
+  double r = 1.0;
+  for (int i = 1; i <= b; ++i) r = r * (a - b + i) / i;
+  return r;
+}
+
+int popcount(unsigned m) { return __builtin_popcount(m); }
+
+double subset_max(const std::vector<double>& g, unsigned m) {
+  double r = -INFINITY;
+  for (size_t i = 0; i < g.size(); ++i)
+    if (m >> i & 1u) r = std::max(r, g[i]);
+  return r;
+}
+
+// Average over k-subsets of `set` (bitmask) of f(subset).
+template <class F>
+double subset_average(int n, unsigned set, int k, F f) {
+  double sum = 0.0;
+  for (unsigned m = 0; m < (1u << n); ++m)
+    if ((m & ~set) == 0 && popcount(m) == k) sum += f(m);
+  return sum / binom(popcount(set), k);
+}
+
+// (1/C(|set|,k)) sum_{I subset of set, |I| = k, i in I} f(I)
+template <class F>
+double subset_sum_containing(int n, unsigned set, int k, int i, F f) {
+  double sum = 0.0;
+  for (unsigned m = 0; m < (1u << n); ++m)
+    if ((m & ~set) == 0 && popcount(m) == k && (m >> i & 1u)) sum += f(m);
+  return sum / binom(popcount(set), k);
+}
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / v.size();
+}
+
+std::vector<double> zscore(const std::vector<double>& v, double eps, double rtol) {
+  const int n = int(v.size());
+  const double m = mean_of(v);
+  double ss = 0, scale = 0;
+  for (double x : v) ss += (x - m) * (x - m), scale = std::max(scale, std::fabs(x));
+  const double sd = std::sqrt(ss / std::max(n - 1, 1));
+  std::vector<double> r(n, 0.0);
+  if (n < 2 || sd <= rtol * scale) return r;
+  for (int i = 0; i < n; ++i) r[i] = (v[i] - m) / (sd + eps);
+  return r;
+}
+
+template <class Ex>
+void check_group(const std::vector<double>& g, const std::vector<double>& delta, bool binary) {
+  const int n = int(g.size());
+  const unsigned all = (1u << n) - 1u;
+  const double tol = 1e-12;
+  for (int k = 1; k <= n; ++k) {
+    std::vector<double> s(n);
+    for (int i = 0; i < n; ++i)
+      s[i] = subset_sum_containing(n, all, k, i, [&](unsigned m) { return subset_max(g, m); });
+    const double maxk = subset_average(n, all, k, [&](unsigned m) { return subset_max(g, m); });
+
+    auto a = run<Ex>(bk::MAXK, g, {}, k);
+    for (int i = 0; i < n; ++i) expect_close(a[i], s[i], tol, "maxk", n, k, i);
+
+    if (k <= n - 1) {
+      auto loo = run<Ex>(bk::MAXK_LOO, g, {}, k);
+      auto cen = run<Ex>(bk::MAXK_LOO_CENTERED, g, {}, k);
+      for (int i = 0; i < n; ++i) {
+        const unsigned rest = all & ~(1u << i);
+        double b = 0.0;  // sum_{j != i} S(j, k, rest)
+        for (int j = 0; j < n; ++j)
+          if (j != i) b += subset_sum_containing(n, rest, k, j, [&](unsigned m) { return subset_max(g, m); });
+        expect_close(loo[i], s[i] - b / (n - 1), tol, "maxk_loo", n, k, i);
+        const double rest_maxk = subset_average(n, rest, k, [&](unsigned m) { return subset_max(g, m); });
+        expect_close(cen[i], s[i] - double(k) / n * rest_maxk, tol, "maxk_loo_centered", n, k, i);
+      }
+    }
+
+    auto l1 = run<Ex>(bk::MAXK_LOO1, g, {}, k);
+    for (int i = 0; i < n; ++i) {
+      double want;
+      if (k == 1) {
+        double others = 0;
+        for (int j = 0; j < n; ++j)
+          if (j != i) others += g[j];
+        want = n > 1 ? (g[i] - others / (n - 1)) / n : 0.0;
+      } else {
+        want = subset_sum_containing(n, all, k, i, [&](unsigned m) {
+          return subset_max(g, m) - subset_max(g, m & ~(1u << i));
+        });
+      }
+      expect_close(l1[i], want, tol, "maxk_loo1", n, k, i);
+    }
+
+    auto off = run<Ex>(bk::MAXK_OFFPOLICY, g, delta, k);
+    for (int i = 0; i < n; ++i) {
+      const double want = subset_sum_containing(n, all, k, i, [&](unsigned m) {
+        double w = 1.0;
+        for (int l = 0; l < n; ++l)
+          if (m >> l & 1u) w += delta[l];
+        return w * subset_max(g, m);
+      });
+      expect_close(off[i], want, tol, "maxk_offpolicy", n, k, i);
+    }
+
+    auto bm = run<Ex>(bk::BON_MEAN, g, {}, k, 1e-6);
+    auto zs = zscore(s, 1e-6, bk::kZscoreConstantRtol);
+    for (int i = 0; i < n; ++i) expect_close(bm[i], zs[i], 1e-8, "bon_mean", n, k, i);
+
+    if (binary) {
+      double c = 0;
+      for (double x : g) c += x;
+      auto pk = run<Ex>(bk::PASSK, g, {}, k);
+      const double rho_rest = (k == 1) ? 0.0 : 1.0 - binom(n - 1 - int(c), k - 1) / binom(n - 1, k - 1);
+      for (int i = 0; i < n; ++i)  // PKPO Eq. 8 closed form
+        expect_close(pk[i], g[i] == 1.0 ? double(k) / n : double(k) / n * rho_rest, tol, "passk", n, k, i);
+      const double R = 1.0 - binom(n - int(c), k) / binom(n, k);
+      expect_close(maxk, R, tol, "pass@k", n, k, 0);
+      auto ch = run<Ex>(bk::CHEN_PASSK, g, {}, k, 1e-6);
+      const bool degenerate = c == 0 || n - c < k;
+      const double sigma = std::sqrt(std::max(R * (1 - R), 0.0));
+      for (int i = 0; i < n; ++i) {
+        const double a_pos = (1 - R) / (sigma + 1e-6);
+        const double a_neg = (1 - R - binom(n - int(c) - 1, k - 1) / binom(n - 1, k - 1)) / (sigma + 1e-6);
+        expect_close(ch[i], degenerate ? 0.0 : (g[i] == 1.0 ? a_pos : a_neg), 1e-9, "chen_passk", n, k, i);
+      }
+      const double pf = (n - c) / n;
+      auto rlb = run<Ex>(bk::BON_RLB_POS, g, {}, k);
+      double geo = 0;
+      for (int t = 0; t < k; ++t) geo += std::pow(pf, t);
+      const double gbar = k * std::pow(pf, k - 1) / geo;
+      for (int i = 0; i < n; ++i)
+        expect_close(rlb[i], g[i] == 1.0 ? gbar * R / c * n : 0.0, 1e-10, "bon_rlb_pos", n, k, i);
+    }
+  }
+
+  // Estimators that ignore k: straight from their definitions.
+  const double top = *std::max_element(g.begin(), g.end());
+  double second = -INFINITY;
+  for (double x : g)
+    if (x < top) second = std::max(second, x);
+  const double m = mean_of(g);
+  auto tang = run<Ex>(bk::TANG_LOO, g, {}, 1);
+  auto bmm = run<Ex>(bk::BON_MAX_MEAN, g, {}, 1);
+  auto bms = run<Ex>(bk::BON_MAX_SECOND, g, {}, 1);
+  auto grpo = run<Ex>(bk::GRPO, g, {}, 1, 1e-6);
+  auto rloo = run<Ex>(bk::RLOO, g, {}, 1);
+  auto dr = run<Ex>(bk::DR_GRPO, g, {}, 1);
+  auto z = zscore(g, 1e-6, 0.0);
+  for (int i = 0; i < n; ++i) {
+    double others_max = -INFINITY, others_sum = 0;
+    for (int j = 0; j < n; ++j)
+      if (j != i) others_max = std::max(others_max, g[j]), others_sum += g[j];
+    expect_close(tang[i], n > 1 ? top - others_max : 0.0, 1e-14, "tang_loo", n, 0, i);
+    expect_close(bmm[i], g[i] == top ? g[i] - m : 0.0, 1e-14, "bon_max_mean", n, 0, i);
+    expect_close(bms[i], (g[i] == top && second > -INFINITY) ? top - second : 0.0, 1e-14, "bon_max_second", n, 0, i);
+    expect_close(grpo[i], z[i], 1e-9, "grpo", n, 0, i);
+    expect_close(rloo[i], n > 1 ? g[i] - others_sum / (n - 1) : 0.0, 1e-13, "rloo", n, 0, i);
+    expect_close(dr[i], g[i] - m, 1e-14, "dr_grpo", n, 0, i);
+  }
+}
+
+// Too-small groups, scales, clipping and the unsupported estimator.
+void check_rules() {
+  std::vector<double> g = {0.3, 0.1, 0.7};
+  bk::Params p{};
+  p.code = bk::MAXK_LOO;
+  p.k = 3;  // k_max = n - 1 = 2
+  p.clip_lo = -INFINITY, p.clip_hi = INFINITY;
+  bk::GroupK gk = bk::effective_k(p.code, 3, 3, 1);
+  expect_close(gk.zero, 1, 0, "zero mode", 3, 3, 0);
+  gk = bk::effective_k(p.code, 3, 3, 2);
+  expect_close(gk.k, 2, 0, "clamp mode", 3, 3, 0);
+  gk = bk::effective_k(p.code, 1, 3, 2);
+  expect_close(gk.zero, 1, 0, "clamp to nothing", 1, 3, 0);
+  gk = bk::effective_k(bk::GRPO, 1, 5, 0);
+  expect_close(gk.zero, 0, 0, "k ignored", 1, 5, 0);
+  p.code = bk::MAXK;
+  p.mean_scale = 1;
+  expect_close(bk::finish_value(p, 4, 0.25, false), 1.0, 0, "mean scale", 4, 0, 0);
+  p.code = bk::GRPO;
+  p.mean_scale = 0;
+  expect_close(bk::finish_value(p, 4, 1.0, false), 0.25, 0, "sum scale", 4, 0, 0);
+  p.clip_lo = -0.1, p.clip_hi = 0.2;
+  expect_close(bk::finish_value(p, 1, 5.0, false), 0.2, 0, "clip hi", 1, 0, 0);
+  expect_close(bk::finish_value(p, 1, -5.0, false), -0.1, 0, "clip lo", 1, 0, 0);
+  expect_close(bk::native_supports(bk::MAXK_OFFPOLICY_EXACT), 0, 0, "exact is reference-only", 0, 0, 0);
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937_64 rng(12345);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  std::uniform_int_distribution<int> level(0, 3);
+  for (int n = 1; n <= 9; ++n) {
+    for (int rep = 0; rep < 4; ++rep) {
+      std::vector<double> g(n), delta(n), b(n);
+      for (int i = 0; i < n; ++i) {
+        g[i] = rep == 0 ? uni(rng) : (rep == 1 ? 0.25 * level(rng) : (rep == 2 ? 0.5 : std::round(uni(rng) * 2)));
+        delta[i] = 0.3 * uni(rng);
+        b[i] = level(rng) >= 2 ? 1.0 : 0.0;
+      }
+      check_group<bk::SerialExec>(g, delta, false);
+      check_group<ScanTablesExec>(g, delta, false);
+      check_group<bk::SerialExec>(b, delta, true);
+      check_group<ScanTablesExec>(b, delta, true);
+    }
+  }
+  check_rules();
+  std::printf("%d checks, %d failures\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}
