@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 
-import numpy as np
 import torch
 
 F64 = torch.float64
@@ -227,7 +226,7 @@ def maxk_matrix_offpolicy(rewards: torch.Tensor, deltas: torch.Tensor, k: int,
 # The trainers' status quo: verl's per-sample loop over a dict of group ids.
 # ----------------------------------------------------------------------------------------------
 
-def verl_grpo(scores: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6) -> torch.Tensor:
+def verl_grpo(scores: torch.Tensor, index, epsilon: float = 1e-6) -> torch.Tensor:
     """verl's ``compute_grpo_outcome_advantage`` on scalar scores (no token dimension)."""
     scores = scores.clone()
     id2score = defaultdict(list)
@@ -250,7 +249,7 @@ def verl_grpo(scores: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6) ->
     return scores
 
 
-def verl_pkpo(scores: torch.Tensor, index: np.ndarray, k: int, estimator: str = "maxk_loo1") -> torch.Tensor:
+def verl_pkpo(scores: torch.Tensor, index, k: int, estimator: str = "maxk_loo1") -> torch.Tensor:
     """The same dict grouping with PKPO Listing 1 applied per group (how a verl user plugs it in)."""
     fn = _PKPO_GROUP_FNS[estimator]
     out = torch.empty_like(scores)

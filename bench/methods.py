@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from bench import baselines
@@ -31,13 +30,20 @@ class CellInputs:
     estimator: str
     flat: torch.Tensor = field(init=False)
     offsets: torch.Tensor = field(init=False)
-    group_ids: np.ndarray = field(init=False)
+    _group_ids: object = field(init=False, default=None)
 
     def __post_init__(self):
         G, n = self.rewards.shape
         self.flat = self.rewards.reshape(-1)
         self.offsets = torch.arange(G + 1, dtype=torch.int64, device=self.rewards.device) * n
-        self.group_ids = np.repeat(np.arange(G), n)
+
+    @property
+    def group_ids(self):
+        """Per-sample group ids for the dict-loop baseline: a numpy array, as verl passes them."""
+        if self._group_ids is None:
+            import numpy as np
+            self._group_ids = np.repeat(np.arange(self.G), self.n)
+        return self._group_ids
 
     @property
     def G(self) -> int:

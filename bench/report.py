@@ -103,7 +103,8 @@ def target_table(rows: list[dict], gpu: bool) -> str:
     cells = _cells(rows)
     lines = ["| target | threads | faster | slower | faster ms | slower ms | ratio | ratio of min times | needed | met |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, est, G, n, rule, fast, slow, need in (GPU_TARGETS if gpu else TARGETS):
+    for t in (GPU_TARGETS if gpu else TARGETS):
+        name, est, G, n, fast, slow, need = t.name, t.estimator, t.G, t.n, t.fast, t.slow, t.need
         found = False
         for key, by in sorted(cells.items()):
             section, threads, e, g_, n_, k_ = key
@@ -330,6 +331,12 @@ def section_markdown(result_dir: str, rel_to: str, make_plots: bool = True) -> s
                  "(VmHWM after a reset through /proc/self/clear_refs; glibc's mmap threshold fixed at "
                  "128 KiB so freed buffers return to the OS). It counts output, temporaries and "
                  "Python objects; page granularity (4 KiB)."), "", mem, ""]
+    if make_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            make_plots = False
+            out += ["(matplotlib is not installed here: no plots; rebuild with `python -m bench.report`.)", ""]
     if make_plots:
         th = max((r["threads"] for r in rows if r["section"] == "sweep"), default=0)
         label = f"{'GPU' if gpu else f'CPU, {th} thread(s)'}"

@@ -1,8 +1,9 @@
 """Timers, peak-memory probes and the copy bandwidth that bounds every kernel.
 
 CPU: ``time.perf_counter`` around each call; peak memory is the process's resident-set high-water
-mark (VmHWM, reset through ``/proc/self/clear_refs``) minus the resident set before the call, so it
-counts every page the call touched for the first time: tensors, allocator slack and Python objects.
+mark (VmHWM, reset through ``/proc/self/clear_refs``) minus the resident set before the call, taken
+in a separate call with glibc set to give every buffer above 128 KiB fresh pages, so it counts
+what the call allocates at its peak: tensors, allocator slack and Python objects.
 GPU: CUDA events around each call with the L2 cache flushed before every repetition; peak memory is
 ``torch.cuda.max_memory_allocated`` minus what was allocated before the call.
 """
@@ -38,19 +39,46 @@ def _plan_reps(estimate_s: float, target_s: float, min_reps: int, max_reps: int)
 # CPU
 # ----------------------------------------------------------------------------------------------
 
-def configure_malloc_for_rss() -> bool:
-    """Fix glibc's mmap threshold so freed large buffers go back to the OS between calls.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
-    By default glibc raises the threshold after the first large free and keeps later buffers in
-    its heap, which would hide their pages from the high-water mark of the next call. Returns
-    whether the setting was applied (False off glibc).
-    """
+
+def _libc():
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        ok = libc.mallopt(m_mmap_threshold, 128 * 1024) and libc.mallopt(m_trim_threshold, 128 * 1024)
-        return bool(ok)
+        return ctypes.CDLL("libc.so.6")
     except OSError:
+        return None
+
+
+def configure_malloc_for_timing() -> bool:
+    """Pin glibc's allocator to its steady state for the whole run (the memory probe changes it).
+
+    glibc starts with a 128 KiB mmap threshold and raises it (up to 32 MiB) as large buffers are
+    freed; the probe must set it, which switches that adaptation off, so fix it at the adapted
+    value from the start: buffers up to 32 MiB are reused from the heap, as in a warmed-up process.
+    Returns whether the setting applied (False off glibc).
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20))
+
+
+class _FreshPages:
+    """During the probe: every buffer above 128 KiB gets fresh pages (mmap), and free heap memory
+    goes back to the OS first, so the high-water mark sees each buffer the call allocates."""
+
+    def __enter__(self):
+        self.libc = _libc()
+        if self.libc is not None:
+            self.libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
+            self.libc.mallopt(_M_TRIM_THRESHOLD, 128 << 10)
+            self.libc.malloc_trim(0)
+        return self
+
+    def __exit__(self, *exc):
+        if self.libc is not None:
+            self.libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+            self.libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
         return False
 
 
@@ -62,39 +90,31 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def rss_probe_available() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        _status_kib("VmHWM")
-        return True
-    except OSError:
-        return False
-    except RuntimeError:
-        return False
-
-
 def peak_rss_bytes(fn) -> int | None:
     """Resident memory a call adds at its peak (bytes), or None where the probe is unavailable."""
     gc.collect()
-    try:
-        before = _status_kib("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-    except (OSError, RuntimeError):
-        return None
-    out = fn()
-    peak = _status_kib("VmHWM")
-    del out
+    with _FreshPages():
+        try:
+            before = _status_kib("VmRSS")
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+        except (OSError, RuntimeError):
+            return None
+        out = fn()
+        peak = _status_kib("VmHWM")
+        del out
     return max(0, peak - before) * 1024
 
 
 def time_cpu(fn, *, target_s: float = 0.25, min_reps: int = 5, max_reps: int = 200,
-             slow_call_s: float = 0.5, slow_min_reps: int = 3, probe_memory: bool = True) -> Timing:
+             slow_call_s: float = 0.5, slow_min_reps: int = 3, very_slow_s: float = 5.0,
+             probe_memory_below_s: float = 2.0) -> Timing:
     """Warm up, then the median of many calls (at least ``slow_min_reps`` for slow calls).
 
-    Fast calls get two warm-ups (the first can pay one-time costs) and a separate call for the
-    memory probe; for a slow call one warm-up suffices and the probe wraps the first timed call.
+    Fast calls get two warm-ups (the first can pay one-time costs), a slow call one, and a call
+    slower than ``very_slow_s`` (a Python loop: no one-time cost worth a warm-up) counts its first
+    run as a repetition. The memory probe is one more call, after the timed ones, for calls
+    faster than ``probe_memory_below_s``.
     """
     t0 = time.perf_counter()
     fn()
@@ -108,28 +128,18 @@ def time_cpu(fn, *, target_s: float = 0.25, min_reps: int = 5, max_reps: int = 2
         estimate = time.perf_counter() - t0
     reps = _plan_reps(estimate, target_s, slow_min_reps if slow else min_reps, max_reps)
     times = []
-    peak = None
-    for i in range(reps):
-        if slow and probe_memory and i == 0:
-            holder = {}
-
-            def timed():
-                t = time.perf_counter()
-                out = fn()
-                holder["t"] = time.perf_counter() - t
-                return out
-
-            peak = peak_rss_bytes(timed)
-            times.append(holder["t"])
-            continue
+    if first > very_slow_s:
+        times.append(first)
+        reps = max(1, slow_min_reps - 1)
+    for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     if not slow:
         times.append(estimate)
-        if probe_memory:
-            peak = peak_rss_bytes(fn)
-    return Timing(statistics.median(times), len(times), min(times), max(times), first, peak)
+    median = statistics.median(times)
+    peak = peak_rss_bytes(fn) if median < probe_memory_below_s else None
+    return Timing(median, len(times), min(times), max(times), first, peak)
 
 
 def copy_bandwidth_cpu(nbytes: int = 256 << 20, reps: int = 10) -> float:

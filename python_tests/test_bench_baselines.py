@@ -145,3 +145,13 @@ def test_harness_end_to_end(tmp_path):
     assert all(r["status"] != "error" for r in rows), [r["note"] for r in rows if r["status"] == "error"]
     text = report.section_markdown(str(tmp_path), str(tmp_path), make_plots=False)
     assert "### Targets" in text and "maxk_offpolicy" in text
+
+
+def test_target_cells_run_backends_and_the_slower_method():
+    cells = sweep.target_cells([1, 2])
+    assert all(set(sweep.M.BACKENDS) <= set(c.methods) for c in cells)
+    loop = [c for c in cells if c.estimator == "maxk_loo1" and c.G == 16384]
+    assert [c.threads for c in loop] == [2] and "verl_loop" in loop[0].methods  # Python loop: 2 threads only
+    matrix = [c for c in cells if c.n == 1024]
+    assert {c.threads for c in matrix} == {1, 2} and all("maxk_matrix" in c.methods for c in matrix)
+    assert all("pkpo_listing" not in c.methods for c in cells)
