@@ -236,9 +236,13 @@ def _check_values(logp, old_logp, ref_logp, mask, valid) -> None:
     if mask is not None and mask.dtype != torch.bool:
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must hold only 0 and 1")
-    for name, t in (("logp", logp), ("old_logp", old_logp), ("ref_logp", ref_logp)):
-        if t is None:
-            continue
+    named = [(n, t) for n, t in (("logp", logp), ("old_logp", old_logp), ("ref_logp", ref_logp)) if t is not None]
+    # Fast path, one reduction per tensor and one sync: a finite float64 sum means every value is
+    # finite. Otherwise look for non-finite values inside the mask (outside it they are allowed).
+    total = sum(t.detach().sum(dtype=torch.float64) for _, t in named)
+    if bool(torch.isfinite(total)):
+        return
+    for name, t in named:
         bad = valid & ~torch.isfinite(t.detach())
         if bool(bad.any()):
             i, j = (int(v) for v in bad.nonzero()[0])
@@ -342,39 +346,44 @@ def reference_loss(logp, old_logp, ref_logp, valid, adv, row_w, p: _LossParams):
 # ----------------------------------------------------------------------------- fused CPU backend
 
 def token_terms(lp, old, ref, valid, A, w, p: _LossParams):
-    """Per-token weighted loss, its analytic gradient w.r.t. logp, and the statistic sums.
+    """Per-token weighted loss sum, its analytic gradient w.r.t. logp, and the statistic sums.
 
     ``lp``/``old``/``ref`` are already in the compute dtype with masked tokens set to 0; ``A`` and
-    ``w`` are ``[rows, 1]``. Shared by the fused CPU path (the Triton kernel has its own copy).
+    ``w`` are ``[rows, 1]``. Used by the fused CPU path (the Triton kernel has its own copy).
+    The row weight w >= 0 is folded into the advantage (max(a w, b w) = w max(a, b)), and the
+    mask into that product, so masked tokens give 0 loss, 0 gradient and no clipped count.
     """
-    raw = lp - old
-    in_range = (raw >= -LOG_RATIO_LIMIT) & (raw <= LOG_RATIO_LIMIT)
+    limit = LOG_RATIO_LIMIT
+    weight = torch.where(valid, -A * w, 0.0)        # -A_i w_i on valid tokens, 0 elsewhere
+    raw = lp - old                                  # 0 on masked tokens
     if p.ppo:
-        ratio = torch.exp(raw.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-        unclipped = -A * ratio
-        clipped = -A * ratio.clamp(1.0 - p.clip_lo, 1.0 + p.clip_hi)
-        loss = torch.maximum(unclipped, clipped)
-        # Where the unclipped branch is the max (ties only happen inside the clip range, where
-        # both branches have the same slope) the slope is -A r; where clipping wins it is 0.
-        grad = torch.where((unclipped >= clipped) & in_range, unclipped, 0.0)
-        clipped_tokens = (valid & (clipped > unclipped)).sum(dtype=lp.dtype)
+        ratio = raw.clamp(-limit, limit).exp_()
+        unclipped = ratio * weight
+        clipped = ratio.clamp_(1.0 - p.clip_lo, 1.0 + p.clip_hi).mul_(weight)
+        clip_wins = clipped > unclipped
+        clipped_tokens = clip_wins.sum(dtype=lp.dtype)
+        loss_sum = torch.maximum(unclipped, clipped).sum()
+        # The slope is -A w r where the unclipped branch is the max (ties only happen inside the
+        # clip range, where both branches have that slope) and 0 where clipping wins.
+        grad = unclipped.masked_fill_(clip_wins, 0.0)
+        if raw.numel() and float(raw.abs().max()) > limit:   # the clamp of exp's argument
+            grad.masked_fill_(raw.abs() > limit, 0.0)
     else:
-        loss = -A * lp
-        grad = (-A).expand_as(lp)
+        loss_sum = (weight * lp).sum()
+        grad = weight
         clipped_tokens = lp.new_zeros(())
     k3 = lp.new_zeros(())
     if p.has_ref:
         d_raw = ref - lp
-        e = torch.exp(d_raw.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-        kl = e - d_raw.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) - 1.0
-        k3 = torch.where(valid, kl, 0.0).sum()
+        d = d_raw.clamp(-limit, limit)
+        e = torch.exp(d)
+        kl = torch.where(valid, e - d - 1.0, 0.0)
+        k3 = kl.sum()
         if p.kl_coef:
-            loss = loss + p.kl_coef * kl
-            d_in_range = (d_raw >= -LOG_RATIO_LIMIT) & (d_raw <= LOG_RATIO_LIMIT)
-            grad = grad + torch.where(d_in_range, p.kl_coef * (1.0 - e), 0.0)
-    loss_sum = torch.where(valid, loss * w, 0.0).sum()
-    grad = torch.where(valid, grad * w, 0.0)
-    k1 = (old - lp).sum()
+            loss_sum = loss_sum + (p.kl_coef * kl * w).sum()
+            slope = torch.where(valid & (d_raw.abs() <= limit), (1.0 - e) * (p.kl_coef * w), 0.0)
+            grad = grad + slope
+    k1 = -raw.sum()
     return loss_sum, grad, torch.stack([clipped_tokens, k1, k3])
 
 
