@@ -103,3 +103,14 @@ def test_errors():
         bk_verl.compute_advantage(rewards, mask, uids[:5], estimator="grpo")
     with pytest.raises(ValueError, match="k = 5"):
         bk_verl.compute_advantage(rewards, mask, uids, estimator="maxk", k=5)
+
+
+def test_singleton_group_documented_difference():
+    """A group of one sample: bonkernels gives 0, verl's GRPO gives the raw score / (1 + eps)."""
+    rewards, mask, uids = _batch([4, 1, 3], seed=8, shuffle=False)
+    expect, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, uids)
+    got, _ = core_algos.get_adv_estimator_fn("bk_grpo")(rewards, mask, uids, config=AlgoConfig())
+    single = torch.tensor([False] * 4 + [True] + [False] * 3)
+    torch.testing.assert_close(got[~single], expect[~single], rtol=1e-5, atol=1e-6)
+    assert (got[single] == 0).all()
+    torch.testing.assert_close(expect[single].sum(), rewards[single].sum() / (1 + 1e-6))
