@@ -179,6 +179,30 @@ def memory_table(rows: list[dict], threads: int | None) -> str:
     return "\n".join(lines)
 
 
+def bandwidth_table(rows: list[dict], copy_gbps: dict) -> str:
+    """Every backend's effective bandwidth and distance from the copy bound at the target cells."""
+    cells = _cells(rows)
+    picks = sorted((k for k in cells if k[0] == "target"), key=lambda x: (x[1], x[2], x[3], x[4]))
+    backends = [b for b in BACKENDS if any(b in cells[k] and _ok(cells[k][b]) for k in picks)]
+    if not picks or not backends:
+        return ""
+    lines = ["| threads | estimator | G | n | k | bytes moved | copy-bound time (us) | "
+             + " | ".join(f"{b}: GB/s (x bound)" for b in backends) + " |",
+             "|" + "---|" * (7 + len(backends))]
+    for k in picks:
+        by = cells[k]
+        some = next(r for r in by.values())
+        bw = copy_gbps.get(str(k[1]), copy_gbps.get("0"))
+        bound_us = f"{some['bytes_moved'] / (bw * 1e9) * 1e6:.3g}" if bw and some["bytes_moved"] else ""
+        vals = []
+        for b in backends:
+            r = by.get(b)
+            vals.append(f"{r['eff_GBps']:.3g} ({r['x_copy_bound']:.3g}x)" if r is not None and _ok(r) else "")
+        lines.append(f"| {k[1] if k[1] else '-'} | {k[2]} | {k[3]:,} | {k[4]} | {k[5]} | "
+                     f"{some['bytes_moved']:,} | {bound_us} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
 def skipped_summary(rows: list[dict]) -> str:
     groups = defaultdict(list)
     for r in rows:
@@ -199,12 +223,10 @@ def skipped_summary(rows: list[dict]) -> str:
 # Plots
 # ------------------------------------------------------------------------------------------------
 
-def _plot_G(rows: list[dict], threads: int) -> int | None:
+def _plot_Gs(rows: list[dict], threads: int) -> list[int]:
     Gs = sorted({r["G"] for r in rows if r["section"] == "sweep" and r["threads"] == threads and _ok(r)})
-    for G in (1024, 64):
-        if G in Gs:
-            return G
-    return Gs[0] if Gs else None
+    picked = [G for G in (64, 1024) if G in Gs]
+    return picked or Gs[:1]
 
 
 def plot_time_vs_n(rows: list[dict], path: str, threads: int, title: str) -> bool:
@@ -212,35 +234,36 @@ def plot_time_vs_n(rows: list[dict], path: str, threads: int, title: str) -> boo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    G = _plot_G(rows, threads)
+    Gs = _plot_Gs(rows, threads)
     ests = [e for e in ("maxk_loo1", "maxk_offpolicy", "maxk") if any(r["estimator"] == e for r in rows)]
-    if G is None or not ests:
+    if not Gs or not ests:
         return False
-    fig, axes = plt.subplots(1, len(ests), figsize=(5.5 * len(ests), 4.5), squeeze=False)
-    for ax, est in zip(axes[0], ests):
-        sel = [r for r in rows if r["section"] == "sweep" and r["threads"] == threads and r["G"] == G
-               and r["estimator"] == est and r["k"] == max(1, r["n"] // 2) and _ok(r)]
-        for m in _method_order({r["method"] for r in sel}):
-            pts = sorted((r["n"], r["median_ms"]) for r in sel if r["method"] == m)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
-        ns = sorted({r["n"] for r in sel})
-        if len(ns) >= 2:
-            ref = min((r["median_ms"] for r in sel if r["n"] == ns[0]), default=None)
-            if ref:
-                for p, style in ((1, ":"), (2, "--")):
-                    ax.plot(ns, [ref * (n / ns[0]) ** p for n in ns], "k" + style, lw=0.8,
-                            label=f"slope {p} (n^{p})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("group size n")
-        ax.set_ylabel("time per call (ms)")
-        ax.set_title(f"{est}, G={G}, k=n/2")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+    fig, axes = plt.subplots(len(Gs), len(ests), figsize=(5.5 * len(ests), 4.5 * len(Gs)), squeeze=False)
+    for row_axes, G in zip(axes, Gs):
+        for ax, est in zip(row_axes, ests):
+            sel = [r for r in rows if r["section"] == "sweep" and r["threads"] == threads and r["G"] == G
+                   and r["estimator"] == est and r["k"] == max(1, r["n"] // 2) and _ok(r)]
+            for m in _method_order({r["method"] for r in sel}):
+                pts = sorted((r["n"], r["median_ms"]) for r in sel if r["method"] == m)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+            ns = sorted({r["n"] for r in sel})
+            if len(ns) >= 2:
+                ref = max((r["median_ms"] for r in sel if r["n"] == ns[0]), default=None)
+                if ref:
+                    for p, style in ((1, ":"), (2, "--")):
+                        ax.plot(ns, [ref * (n / ns[0]) ** p for n in ns], "k" + style, lw=0.8,
+                                label=f"slope {p} (time ~ n^{p})")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("group size n")
+            ax.set_ylabel("time per call (ms)")
+            ax.set_title(f"{est}, G={G}, k=n/2")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
 
@@ -284,7 +307,7 @@ def plot_speedup_vs_G(rows: list[dict], path: str, threads: int, title: str, n: 
         ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return any_line
 
@@ -331,6 +354,12 @@ def section_markdown(result_dir: str, rel_to: str, make_plots: bool = True) -> s
                  "(VmHWM after a reset through /proc/self/clear_refs; glibc's mmap threshold fixed at "
                  "128 KiB so freed buffers return to the OS). It counts output, temporaries and "
                  "Python objects; page granularity (4 KiB)."), "", mem, ""]
+    bwt = bandwidth_table(rows, env.get("copy_GBps", {}))
+    if bwt:
+        out += ["### Distance from the memory-bound limit (target cells)", "",
+                "The least traffic is reading the rewards (and deltas) once and writing the advantages "
+                "once; at the copy bandwidth measured in this run that takes the copy-bound time. "
+                "`x bound` = measured time / copy-bound time (1 = as fast as a copy).", "", bwt, ""]
     if make_plots:
         try:
             import matplotlib  # noqa: F401
