@@ -114,7 +114,10 @@ class SortedGroups:
         return torch.where(self.valid, v, torch.zeros_like(v))
 
     def mean(self, v: torch.Tensor) -> torch.Tensor:
-        return self.masked(v).sum(1, keepdim=True) / self.n.clamp(min=1)
+        """Group mean, computed around the first element so a constant group's mean is exact
+        (then v - mean is exactly 0 there, instead of rounding noise that a z-score amplifies)."""
+        ref = v[:, :1]
+        return ref + self.masked(v - ref).sum(1, keepdim=True) / self.n.clamp(min=1)
 
     def sample_std(self, v: torch.Tensor) -> torch.Tensor:
         centered = self.masked(v - self.mean(v))
@@ -135,10 +138,8 @@ def maxk_of_rest(sg: SortedGroups, k: torch.Tensor) -> torch.Tensor:
 
 
 def rloo_sum(sg: SortedGroups) -> torch.Tensor:
-    """(x_j - mean of the others) / n, 0 for singletons."""
-    total = sg.masked(sg.x).sum(1, keepdim=True)
-    others = (total - sg.x) / (sg.n - 1).clamp(min=1)
-    return torch.where(sg.n > 1, (sg.x - others) / sg.n, torch.zeros_like(sg.x))
+    """(x_j - mean of the others) / n = (x_j - mean) / (n - 1); 0 for singletons."""
+    return torch.where(sg.n > 1, (sg.x - sg.mean(sg.x)) / (sg.n - 1).clamp(min=1), torch.zeros_like(sg.x))
 
 
 def maxk_loo1(sg: SortedGroups, k: torch.Tensor, d, o) -> torch.Tensor:
@@ -259,15 +260,24 @@ def zscore(sg: SortedGroups, v: torch.Tensor, eps: float, constant_rtol: float =
     return torch.where(constant, torch.zeros_like(v), (v - sg.mean(v)) / (std + eps))
 
 
-def chen_passk(sg: SortedGroups, k: torch.Tensor, d, o, eps: float) -> torch.Tensor:
-    """Chen et al. analytic pass@k advantage (spec 6) = ((n/k) s_i - R) / (sigma + eps)."""
-    s = maxk_weights(sg, d, o)
-    R = (d * sg.x).sum(1, keepdim=True)
-    correct = sg.masked(sg.x).sum(1, keepdim=True)
+def chen_passk(sg: SortedGroups, k: torch.Tensor, d, eps: float) -> torch.Tensor:
+    """Chen et al. analytic pass@k advantage (spec 6) = ((n/k) s_i - R) / (sigma + eps).
+
+    Written with the failure probabilities 1 - R = C(n-c,k)/C(n,k) and, for a wrong sample,
+    1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries: no cancellation when R
+    is close to 1 (large n, few failures).
+    """
+    wrong = sg.valid & (sg.x == 0)
+    miss_k = (d * wrong).sum(1, keepdim=True)                              # 1 - R
+    n_wrong = wrong.sum(1, keepdim=True)
     kk = k.to(torch.float64)[:, None]
-    degenerate = (correct == 0) | (sg.n - correct < kk)   # R is exactly 0 or 1
-    sigma = torch.sqrt((R * (1 - R)).clamp(min=0))
-    value = (sg.n / kk * s - R) / (sigma + eps)
+    d_rest, _, _ = weight_tables((sg.sizes - 1).clamp(min=0), (k - 1).clamp(min=1), sg.width)
+    ranks = torch.arange(1, sg.width + 1, device=sg.x.device)[None, :]
+    miss_rest = torch.where(kk == 1, torch.ones_like(miss_k),              # 1 - (n/k) s_i, wrong i
+                            (d_rest * (ranks < n_wrong)).sum(1, keepdim=True))
+    sigma = torch.sqrt((1 - miss_k) * miss_k)
+    value = torch.where(sg.x == 1, miss_k, miss_k - miss_rest) / (sigma + eps)
+    degenerate = (n_wrong == sg.n) | (n_wrong < kk)                         # R is exactly 0 or 1
     return torch.where(degenerate, torch.zeros_like(value), value)
 
 
@@ -340,7 +350,7 @@ def natural_values(sg: SortedGroups, est: estimators.Estimator, k: torch.Tensor,
     if name == "bon_mean":
         return zscore(sg, maxk_weights(sg, d, o), eps, estimators.ZSCORE_CONSTANT_RTOL)
     if name == "chen_passk":
-        return chen_passk(sg, k, d, o, eps)
+        return chen_passk(sg, k, d, eps)
     if name in ("bon_rlb", "bon_rlb_pos"):
         return bon_rlb(sg, k, d, two_sided=name == "bon_rlb") * sg.n
     raise ValueError(f"estimator {name!r} has no reference implementation")
