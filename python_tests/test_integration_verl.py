@@ -113,4 +113,4 @@ def test_singleton_group_documented_difference():
     single = torch.tensor([False] * 4 + [True] + [False] * 3)
     torch.testing.assert_close(got[~single], expect[~single], rtol=1e-5, atol=1e-6)
     assert (got[single] == 0).all()
-    torch.testing.assert_close(expect[single].sum(), rewards[single].sum() / (1 + 1e-6))
+    torch.testing.assert_close(expect[single], rewards[single].sum(-1, keepdim=True) / (1 + 1e-6) * mask[single])
