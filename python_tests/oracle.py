@@ -17,6 +17,7 @@ against the library's registry); :func:`expected` converts to the requested scal
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -267,9 +268,9 @@ def _rlb_weights(n: int, c: int, k: int, positive_only: bool):
     """Chow's weights (spec 4 / conventions.md) with the plug-in failure rate p = (n-c)/n.
     Returns (w_plus, w_minus); w_minus may be +inf (every sample fails, p = 1)."""
     p = Fraction(n - c, n)
-    if positive_only:
-        w_plus = k * p ** (k - 1) / sum((p**t for t in range(k)), Fraction(0))
-        return w_plus, Fraction(0)
+    if positive_only:  # k p^(k-1) / (1 + p + ... + p^(k-1)), the geometric sum in closed form
+        geometric = Fraction(k) if p == 1 else (1 - p**k) / (1 - p)
+        return k * p ** (k - 1) / geometric, Fraction(0)
     w_plus = k * p ** (k - 1) / (1 - p**k) if p != 1 else None  # unused when c = 0
     w_minus = k * p / (1 - p) if p != 1 else math.inf
     return w_plus, w_minus
@@ -306,15 +307,11 @@ def closed_bon_rlb(f, k: int, positive_only: bool) -> list:
     c = int(sum(1 for v in f if v))
     R = pass_at_k(f, k)
     w_plus, w_minus = _rlb_weights(n, c, k, positive_only)
-    out = []
-    for v in f:
-        if v:
-            out.append(n * w_plus * R / c)
-        elif w_minus == math.inf:
-            out.append(math.inf)
-        else:
-            out.append(n * w_minus * (1 - R) / (n - c))
-    return out
+    correct = n * w_plus * R / c if c else None
+    wrong = None
+    if c < n:
+        wrong = math.inf if w_minus == math.inf else n * w_minus * (1 - R) / (n - c)
+    return [correct if v else wrong for v in f]
 
 
 def grpo(g, eps: float) -> list[float]:
@@ -421,7 +418,8 @@ def expected(name: str, g, k: int, scale: str, *, deltas=None, clamp_delta=None,
 # Closed forms (spec's sorted formulas, exact binomial tables, float64): for large n
 # --------------------------------------------------------------------------------------------
 
-def binom_row(n: int, k: int, shift: int) -> np.ndarray:
+@functools.lru_cache(maxsize=64)
+def _binom_row_cached(n: int, k: int, shift: int) -> np.ndarray:
     """[C(j-1-shift, k-1-shift) / C(n,k) for j = 1..n] as float64, from exact big integers
     (Python's int / int is correctly rounded). shift 0, 1, 2 give the tables d, o, q of spec 0.1."""
     total = math.comb(n, k)
@@ -437,7 +435,14 @@ def binom_row(n: int, k: int, shift: int) -> np.ndarray:
         # C(top, b) from C(top-1, b) = C(top-1,b) * top / (top-b), exact in integers
         cur = 1 if top == b else cur * top // (top - b)
         out[j - 1] = cur / total
+    out.flags.writeable = False
     return out
+
+
+def binom_row(n: int, k: int, shift: int) -> np.ndarray:
+    """[C(j-1-shift, k-1-shift) / C(n,k) for j = 1..n] as float64, from exact big integers
+    (Python's int / int is correctly rounded). shift 0, 1, 2 give the tables d, o, q of spec 0.1."""
+    return _binom_row_cached(n, k, shift).copy()
 
 
 def _sorted(g):
@@ -509,6 +514,30 @@ def closed_offpolicy(g, k, deltas, clamp_delta=None):
     return _scatter(perm, (1 + dl) * (d * x + S1) + o * D * x + S2 + S3 - dl * S4)
 
 
+def closed_offpolicy_exact(g, k, deltas, clamp_delta=None):
+    """Spec 3.4 by a second route: A_i = rho_i dJ/drho_i for the importance-weighted objective
+    J(rho) = (1/C(n,k)) sum_{|I|=k} prod_{l in I} rho_l max_I g, with J evaluated in sorted order
+    as (1/C(n,k)) sum_j rho_j g_(j) e_{k-1}(rho of the samples ranked below j) (one DP over j)
+    and differentiated by torch autograd in float64. O(n k); no alternating sums (for rho >= 0
+    every term is >= 0 when g >= 0)."""
+    import torch
+
+    g, perm, x = _sorted(g)
+    dl = np.asarray(deltas, dtype=np.float64)
+    if clamp_delta is not None:
+        dl = np.clip(dl, -clamp_delta, clamp_delta)
+    rho = torch.tensor(1.0 + dl[perm], dtype=torch.float64, requires_grad=True)
+    xs = torch.tensor(x, dtype=torch.float64)
+    e = torch.zeros(k, dtype=torch.float64)  # e_m of the ratios ranked below j, m = 0..k-1
+    e[0] = 1.0
+    J = torch.zeros((), dtype=torch.float64)
+    for j in range(len(x)):
+        J = J + rho[j] * xs[j] * e[k - 1]
+        e = e + rho[j] * torch.cat([e.new_zeros(1), e[:-1]])
+    (grad,) = torch.autograd.grad(J / float(math.comb(len(x), k)), rho)
+    return _scatter(perm, (rho * grad).detach().numpy())
+
+
 def _to_np(vals):
     return np.array([float(v) for v in vals])
 
@@ -526,6 +555,8 @@ def natural_closed(name: str, g, k: int, *, deltas=None, clamp_delta=None, eps=1
         return closed_loo1(g, k)
     if name == "maxk_offpolicy":
         return closed_offpolicy(g, k, deltas, clamp_delta)
+    if name == "maxk_offpolicy_exact":
+        return closed_offpolicy_exact(g, k, deltas, clamp_delta)
     if name == "passk":
         return _to_np(passk_closed(g, k))
     if name == "tang_loo":
