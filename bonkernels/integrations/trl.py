@@ -11,7 +11,9 @@ has scored a generation batch, the advantages of every group of ``num_generation
 are recomputed with ``bonkernels.advantages`` from the same rewards (the weighted sum over reward
 functions, as TRL's default ``multi_objective_aggregation="sum_then_normalize"``); completions no
 reward function could score keep advantage 0, as in TRL. With ``estimator="grpo"`` and TRL's
-defaults (``scale_rewards="group"``, eps 1e-4) the advantages are TRL's own.
+defaults (``scale_rewards="group"``, eps 1e-4) the advantages are TRL's own. TRL's
+``scale_rewards`` is not consulted: the estimator decides the scale (``estimator="dr_grpo"`` is
+TRL's ``scale_rewards="none"``).
 
 If you already subclass ``GRPOTrainer``, add :class:`BonkernelsAdvantagesMixin` in front of it
 instead. The off-policy estimators need the current policy's log-probs at loss time; use
