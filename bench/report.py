@@ -171,11 +171,11 @@ def memory_table(rows: list[dict], threads: int | None) -> str:
     if not picks:
         return ""
     methods = _method_order({m for k in picks for m in cells[k]})
-    lines = ["| estimator | G | n | k | " + " | ".join(methods) + " |", "|" + "---|" * (4 + len(methods))]
-    for k in sorted(picks, key=lambda x: (x[2], x[3], x[4])):
+    lines = ["| threads | estimator | G | n | k | " + " | ".join(methods) + " |", "|" + "---|" * (5 + len(methods))]
+    for k in sorted(picks, key=lambda x: (x[1], x[2], x[3], x[4])):
         by = cells[k]
         vals = [(_fmt_bytes(by[m]["peak_mem_bytes"]) if m in by and _ok(by[m]) else "") for m in methods]
-        lines.append(f"| {k[2]} | {k[3]:,} | {k[4]} | {k[5]} | " + " | ".join(vals) + " |")
+        lines.append(f"| {k[1] if k[1] else '-'} | {k[2]} | {k[3]:,} | {k[4]} | {k[5]} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
 
@@ -260,7 +260,8 @@ def plot_time_vs_n(rows: list[dict], path: str, threads: int, title: str) -> boo
             ax.set_ylabel("time per call (ms)")
             ax.set_title(f"{est}, G={G}, k=n/2")
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -304,7 +305,8 @@ def plot_speedup_vs_G(rows: list[dict], path: str, threads: int, title: str, n: 
         ax.set_ylabel("speed-up of the fastest backend")
         ax.set_title(f"{est}, n={n}, k={k_want} (fastest: {', '.join(sorted(fast_names))})")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -350,10 +352,11 @@ def section_markdown(result_dir: str, rel_to: str, make_plots: bool = True) -> s
         out += ["### Peak memory at the target cells (MiB)", "",
                 ("GPU: `torch.cuda.max_memory_allocated` minus what was allocated before the call."
                  if gpu else
-                 "CPU: resident-set high-water mark during one call minus the resident set before it "
-                 "(VmHWM after a reset through /proc/self/clear_refs; glibc's mmap threshold fixed at "
-                 "128 KiB so freed buffers return to the OS). It counts output, temporaries and "
-                 "Python objects; page granularity (4 KiB)."), "", mem, ""]
+                 "CPU: resident-set high-water mark during one extra call minus the resident set before "
+                 "it (VmHWM after a reset through /proc/self/clear_refs; for that call glibc gives every "
+                 "buffer above 128 KiB fresh pages, after returning free heap memory to the OS). It "
+                 "counts output, temporaries and Python objects; page granularity (4 KiB). "
+                 "Empty: not probed (calls over 2 s) or not measured."), "", mem, ""]
     bwt = bandwidth_table(rows, env.get("copy_GBps", {}))
     if bwt:
         out += ["### Distance from the memory-bound limit (target cells)", "",

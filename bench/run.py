@@ -35,8 +35,9 @@ CPU_SWEEP_ESTIMATORS = {"maxk_loo1": sweep.K_RULES, "maxk_offpolicy": sweep.K_RU
 QUICK_ESTIMATORS = {"maxk_loo1": ("4", "n/2"), "maxk_offpolicy": ("4", "n/2"), "grpo": ("1",)}
 
 
-class BudgetExceeded(Exception):
-    pass
+class BudgetExceeded(BaseException):
+    """Raised by the alarm / SIGTERM handler; a BaseException so per-method error handling
+    (``except Exception``) does not swallow it."""
 
 
 def _alarm(_signum, _frame):
@@ -101,6 +102,11 @@ def measure_copy_bandwidth(cfg: sweep.Config, cells: list[sweep.Cell]) -> dict[i
     return bw
 
 
+def _write_env(out_dir: str, env: dict):
+    with open(os.path.join(out_dir, "env.json"), "w") as f:
+        json.dump(env, f, indent=1)
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     cfg, cells, mode = build_config(a)
@@ -121,10 +127,14 @@ def main(argv=None) -> int:
     runner = sweep.Runner(cfg, all_methods, copy_bw)
     for name, why in runner.unavailable.items():
         print(f"[bench] not run: {name}: {why}", flush=True)
+    env.update(copy_GBps={str(k): v / 1e9 for k, v in copy_bw.items()}, unavailable=runner.unavailable)
+    _write_env(cfg.out_dir, env)  # early, so a killed run can still be reported
 
-    # A hard stop a little after the budget: rows already written stay in results.csv.
+    # A hard stop 30 s after the budget (counted from the start), or on SIGTERM (e.g. `timeout`):
+    # rows already written stay in results.csv and the report is still written.
     signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(int(cfg.budget_s + 30))
+    signal.signal(signal.SIGTERM, _alarm)
+    signal.alarm(max(1, int(cfg.remaining_s() + 30)))
     t0 = time.perf_counter()
     try:
         for i, cell in enumerate(cells):
@@ -132,16 +142,14 @@ def main(argv=None) -> int:
             if i % 20 == 0 or cell.section == "target":
                 print(f"[bench] {i + 1}/{len(cells)} {cell} {time.perf_counter() - t0:.0f}s", flush=True)
     except BudgetExceeded:
-        print("[bench] hard time limit reached: stopping, results so far are kept", flush=True)
+        print("[bench] stopped (hard time limit or SIGTERM): results so far are kept", flush=True)
     except KeyboardInterrupt:
         print("[bench] interrupted: results so far are kept", flush=True)
     finally:
         signal.alarm(0)
 
-    env.update(elapsed_s=time.perf_counter() - t0, load_average_end=environment.load_average(),
-               copy_GBps={str(k): v / 1e9 for k, v in copy_bw.items()}, unavailable=runner.unavailable)
-    with open(os.path.join(cfg.out_dir, "env.json"), "w") as f:
-        json.dump(env, f, indent=1)
+    env.update(elapsed_s=time.perf_counter() - cfg.started, load_average_end=environment.load_average())
+    _write_env(cfg.out_dir, env)
     report_path = os.path.join(cfg.out_dir, "REPORT.md")
     with open(report_path, "w") as f:
         f.write(report.section_markdown(cfg.out_dir, cfg.out_dir, make_plots=not a.no_plots))
