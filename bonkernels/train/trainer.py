@@ -1,0 +1,321 @@
+"""The RL loop: sample groups, score them, bonkernels' policy loss, optimiser step; evaluate,
+log, checkpoint. ``run(config)`` is what ``python -m bonkernels.train`` calls."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+from .. import estimators
+from . import checkpoint as ckpt
+from .distributed import Dist
+from .evaluate import evaluate
+from .models import count_parameters, export_model, load_model
+from .rollout import sample, token_logprobs
+from .tasks import make_task
+from .warmstart import supervised_warm_start, warm_start_key
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+SUMMARY_FILE = "summary.json"
+
+
+def _policy_loss():
+    import bonkernels as bk
+
+    fn = getattr(bk, "policy_loss", None)
+    if fn is None:
+        from ..loss import policy_loss as fn
+    return fn
+
+
+def k_at(step: int, cfg) -> int:
+    """k for a training step (1-based): constant, linear anneal, or a step switch to k_final."""
+    if cfg.k_final is None or cfg.k_final == cfg.k:
+        return cfg.k
+    frac = 0.0 if cfg.steps <= 1 else (step - 1) / (cfg.steps - 1)
+    if cfg.k_schedule == "step":
+        return cfg.k if frac < cfg.k_switch else cfg.k_final
+    return int(round(cfg.k + (cfg.k_final - cfg.k) * frac))
+
+
+def weighting_for(cfg) -> str:
+    if cfg.weighting != "auto":
+        return cfg.weighting
+    return "direct" if estimators.REGISTRY[cfg.estimator].needs_deltas else "ppo"
+
+
+def validate(cfg) -> None:
+    if cfg.estimator not in estimators.REGISTRY:
+        raise ValueError(f"unknown --estimator {cfg.estimator!r}; choose from {estimators.ESTIMATORS}")
+    est = estimators.REGISTRY[cfg.estimator]
+    for name in ("n", "steps", "batch_size", "ppo_epochs", "eval_n", "k"):
+        if getattr(cfg, name) < (0 if name == "steps" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if est.uses_k:
+        k_max = cfg.n - est.k_margin
+        for k in {cfg.k, cfg.k_final or cfg.k}:
+            if k > k_max:
+                raise ValueError(f"--k {k} is larger than {cfg.estimator} allows with --n {cfg.n} "
+                                 f"(at most {k_max})")
+    if est.binary and cfg.reward != "binary":
+        raise ValueError(f"{cfg.estimator} needs 0/1 rewards: pass --reward binary")
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, appended and flushed as the run goes."""
+
+    def __init__(self, path: str, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines logged after the checkpoint we resume from (they will be redone)."""
+        if not self.enabled or not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        ckpt.atomic_write_bytes(self.path, "".join(keep).encode())
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+                f.flush()
+
+    def read(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+
+def _train_problems(task, cfg, step: int, dist: Dist):
+    """The step's prompts (deterministic in seed and step), this rank's share, whole groups."""
+    total = task.num_problems("train")
+    if total is None:
+        keys = [f"{cfg.seed}-{step}-{j}" for j in range(cfg.batch_size)]
+    else:
+        rng = random.Random(f"train:{cfg.seed}:{step}")
+        keys = [rng.randrange(total) for _ in range(cfg.batch_size)]
+    return [task.problem("train", key) for key in dist.shard(keys)]
+
+
+def _prepare_model(cfg, task, dist: Dist, log):
+    model, tokenizer = load_model(cfg.model, seed=cfg.init_seed)
+    model.to(dist.device)
+    if cfg.init_from:
+        state = ckpt.load(cfg.init_from)
+        model.load_state_dict(state["model"] if "model" in state else state)
+        log(f"initialised from {cfg.init_from}")
+    elif cfg.warmstart_steps > 0:
+        key = warm_start_key({"model": cfg.model, "task": cfg.task, "task_seed": cfg.task_seed,
+                              "steps": cfg.warmstart_steps, "batch": cfg.warmstart_batch_size,
+                              "lr": cfg.warmstart_lr, "init_seed": cfg.init_seed})
+        cache = os.path.join(cfg.warmstart_cache, f"warmstart-{key}.pt") if cfg.warmstart_cache else None
+        if cache and os.path.exists(cache):
+            model.load_state_dict(ckpt.load(cache)["model"])
+            log(f"warm start loaded from cache {cache}")
+        elif dist.is_main:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.init_seed)
+                info = supervised_warm_start(model, tokenizer, task, steps=cfg.warmstart_steps,
+                                             batch_size=cfg.warmstart_batch_size,
+                                             lr=cfg.warmstart_lr, device=dist.device, log=log)
+            if cache:
+                os.makedirs(cfg.warmstart_cache, exist_ok=True)
+                ckpt.atomic_save({"model": model.state_dict(), "info": info}, cache)
+                log(f"warm start cached at {cache}")
+    dist.broadcast_module(model)  # every rank starts from rank 0's weights
+    return model, tokenizer
+
+
+def _progress(cfg, dist: Dist, start: int):
+    if not dist.is_main:
+        return None
+    show = cfg.progress == "on" or (cfg.progress == "auto" and sys.stderr.isatty())
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, initial=start, desc=f"{cfg.estimator} k", dynamic_ncols=True,
+                mininterval=0.5)
+
+
+def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, loss_fn) -> dict:
+    t0 = time.time()
+    k = k_at(step, cfg)
+    problems = _train_problems(task, cfg, step, dist)
+    roll = sample(model, tokenizer, [p.prompt for p in problems], cfg.n, task.max_new_tokens,
+                  dist.device)
+    fractions = task.rewards([p for p in problems for _ in range(cfg.n)], roll.texts)
+    rewards = torch.tensor(fractions, dtype=torch.float64, device=dist.device)
+    if cfg.reward == "binary":
+        rewards = (rewards >= 1.0).to(torch.float64)
+    t_sample = time.time() - t0
+    model.train()
+    with torch.no_grad():
+        old_logp = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+        ref_logp = None
+        if ref_model is not None:
+            ref_logp = token_logprobs(ref_model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+    weighting = weighting_for(cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    losses, stats = [], {}
+    for _ in range(cfg.ppo_epochs):
+        opt.zero_grad(set_to_none=True)
+        logp = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+        loss, stats = loss_fn(logp, old_logp, rewards, k, cfg.estimator, mask=roll.completion_mask,
+                              group_size=cfg.n, ref_logp=ref_logp, kl_coef=cfg.kl_coef,
+                              clip_eps=cfg.clip_eps, clamp_delta=cfg.clamp_delta,
+                              weighting=weighting, loss_agg=cfg.loss_agg)
+        loss.backward()
+        dist.average_gradients(params)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        opt.step()
+        losses.append(float(loss.detach()))
+    sched.step()
+    fr = torch.tensor(fractions, dtype=torch.float64)
+    record = {
+        "kind": "train", "step": step, "k": k, "lr": sched.get_last_lr()[0],
+        "reward_mean": dist.mean(float(fr.mean())),
+        "solved_frac": dist.mean(float((fr >= 1.0).double().mean())),
+        "loss": dist.mean(float(np.mean(losses))),
+        "grad_norm": grad_norm,
+        "completion_len": dist.mean(float(roll.completion_mask.sum(1).mean())),
+        "sample_seconds": t_sample, "step_seconds": time.time() - t0,
+    }
+    for name in ("clip_frac", "approx_kl", "adv_abs_mean", "objective"):
+        if name in stats:
+            record[name] = dist.mean(float(stats[name]))
+    return record
+
+
+def run(cfg) -> dict:
+    """Train according to cfg (an argparse.Namespace from cli.py); returns the summary dict."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dist = Dist(cfg.device)
+    log = (lambda msg: print(msg, flush=True)) if dist.is_main else (lambda msg: None)
+    validate(cfg)
+    os.makedirs(cfg.out, exist_ok=True)
+    metrics = MetricsLog(os.path.join(cfg.out, METRICS_FILE), dist.is_main)
+    ckpt_path = os.path.join(cfg.out, ckpt.CHECKPOINT_NAME)
+    resume_state = ckpt.load(ckpt_path) if cfg.resume and os.path.exists(ckpt_path) else None
+
+    task = make_task(cfg.task, seed=cfg.task_seed, sandbox_timeout=cfg.sandbox_timeout,
+                     workers=cfg.sandbox_workers)
+    if resume_state is None:
+        model, tokenizer = _prepare_model(cfg, task, dist, log)
+    else:
+        model, tokenizer = load_model(cfg.model, seed=cfg.init_seed)
+        model.to(dist.device)
+    ref_model = None
+    if cfg.kl_coef > 0:
+        ref_model = copy.deepcopy(model).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99),
+                            weight_decay=cfg.weight_decay)
+    warmup = max(0, cfg.warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+
+    eval_problems = [task.problem("eval", i) for i in range(
+        min(cfg.eval_problems, task.num_problems("eval") or cfg.eval_problems))]
+    eval_seed = lambda step: (cfg.seed * 1_000_003 + step) % (2**31)  # noqa: E731
+
+    def run_eval(step):
+        t0 = time.time()
+        res = evaluate(model, tokenizer, task, eval_problems, eval_n=cfg.eval_n,
+                       device=dist.device, dist=dist, seed=eval_seed(step),
+                       prompts_per_batch=cfg.eval_batch_prompts)
+        res.update(kind="eval", step=step, seconds=time.time() - t0)
+        return res
+
+    if resume_state is not None:
+        if resume_state.get("world_size", 1) != dist.world:
+            raise ValueError(f"the checkpoint was written by {resume_state.get('world_size', 1)} "
+                             f"processes; resume with the same number (got {dist.world})")
+        model.load_state_dict(resume_state["model"])
+        opt.load_state_dict(resume_state["optimizer"])
+        sched.load_state_dict(resume_state["scheduler"])
+        if ref_model is not None:
+            ref_model.load_state_dict(resume_state["ref_model"])
+        ckpt.set_rng_state(resume_state["rng"][dist.rank])
+        start = resume_state["step"]
+        metrics.truncate_after(start)
+        log(f"resumed from {ckpt_path} at step {start}")
+    else:
+        random.seed(cfg.seed * 7919 + dist.rank)
+        np.random.seed((cfg.seed * 7919 + dist.rank) % (2**32))
+        torch.manual_seed(cfg.seed * 7919 + dist.rank)
+        start = 0
+        if dist.is_main:
+            ckpt.atomic_write_json(vars(cfg), os.path.join(cfg.out, CONFIG_FILE))
+            if os.path.exists(metrics.path):
+                os.unlink(metrics.path)
+        log(f"model {cfg.model}: {count_parameters(model):,} parameters; task {cfg.task}; "
+            f"estimator {cfg.estimator} ({weighting_for(cfg)} weighting), n={cfg.n}, "
+            f"ppo epochs {cfg.ppo_epochs}, {dist.world} process(es) on {dist.device}")
+        if cfg.eval_every > 0:
+            metrics.write(run_eval(0))
+
+    loss_fn = _policy_loss()
+    bar = _progress(cfg, dist, start)
+    last_eval = None
+    for step in range(start + 1, cfg.steps + 1):
+        record = train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, loss_fn)
+        metrics.write(record)
+        if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
+            last_eval = run_eval(step)
+            metrics.write(last_eval)
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            _save(ckpt_path, step, model, opt, sched, ref_model, dist)
+        if bar is not None:
+            post = {"k": record["k"], "reward": f"{record['reward_mean']:.3f}",
+                    "solved": f"{record['solved_frac']:.3f}", "loss": f"{record['loss']:.3g}"}
+            if last_eval:
+                post["pass@1"] = f"{last_eval['pass@1']:.3f}"
+            bar.set_postfix(post)
+            bar.update(1)
+        elif step % cfg.log_every == 0 or step == cfg.steps:
+            log(f"step {step}/{cfg.steps} k={record['k']} reward {record['reward_mean']:.3f} "
+                f"solved {record['solved_frac']:.3f} loss {record['loss']:.4g} "
+                f"({record['step_seconds']:.2f} s/step)"
+                + (f" | eval pass@1 {last_eval['pass@1']:.3f}" if last_eval else ""))
+    if bar is not None:
+        bar.close()
+    if dist.enabled:  # gradient averaging must have kept every rank's weights identical
+        sums = dist.all_gather_objects(sum(float(p.detach().double().sum()) for p in model.parameters()))
+        if len(set(sums)) != 1:
+            raise RuntimeError(f"ranks diverged: parameter sums {sums}")
+    summary = {}
+    if dist.is_main:
+        from . import report
+
+        if cfg.export:
+            export_model(model, tokenizer, os.path.join(cfg.out, "final_model"))
+        summary = report.finish(cfg.out, metrics.read(), vars(cfg), plots=cfg.plots)
+        print(report.summary_table(summary), flush=True)
+    task.close()
+    dist.barrier()
+    dist.close()
+    return summary
+
+
+def _save(path, step, model, opt, sched, ref_model, dist: Dist):
+    rngs = dist.all_gather_objects(ckpt.rng_state())
+    if dist.is_main:
+        state = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                 "scheduler": sched.state_dict(), "rng": rngs, "world_size": dist.world}
+        if ref_model is not None:
+            state["ref_model"] = ref_model.state_dict()
+        ckpt.atomic_save(state, path)
+    dist.barrier()
+
