@@ -80,9 +80,9 @@ def test_grpo_gives_trls_own_advantages(tmp_path):
 
 
 def test_maxk_loo1_trains_and_uses_bonkernels_advantages(tmp_path):
-    trainer, rewards_seen, result, changed = _train(tmp_path, "maxk_loo1", 2)
+    trainer, rewards_seen, result, changed = _train(tmp_path, "maxk_loo1", 2, steps=3)
     assert changed and torch.isfinite(torch.tensor(result.training_loss))
-    assert len(trainer.seen) == len(rewards_seen) == 2
+    assert len(trainer.seen) == len(rewards_seen) == 3
     for (ours, _), rewards in zip(trainer.seen, rewards_seen):
         expect = bk.advantages(rewards.view(-1, NUM_GENERATIONS), 2, "maxk_loo1").reshape(-1)
         torch.testing.assert_close(ours.double(), expect, rtol=1e-5, atol=1e-6)
