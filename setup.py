@@ -6,7 +6,9 @@
   nvcc and links them with libcudart (this works even against a CPU-only torch).
 * ``BONKERNELS_SKIP_CUDA=1`` builds the CPU kernels only; ``BONKERNELS_SKIP_EXT=1`` builds no
   extension at all (``import bonkernels`` works without it: the torch/triton backends remain).
-* ``BONKERNELS_CUDA_ARCHS`` (default "80;90") picks the architectures of the forced nvcc build;
+* ``BONKERNELS_BARE_NVCC=1`` (with FORCE) takes the bare-nvcc route even with a CUDA torch (kernels
+  then run on the legacy default stream of the current device);
+* ``BONKERNELS_CUDA_ARCHS`` (default "80;90") picks the architectures of the bare nvcc build;
   the CUDAExtension build follows ``TORCH_CUDA_ARCH_LIST`` as usual.
 
 setup.py imports torch, so install with ``pip install --no-build-isolation -e .``.
@@ -52,6 +54,11 @@ def extensions():
     if env_flag("BONKERNELS_SKIP_EXT"):
         note("BONKERNELS_SKIP_EXT set: no native extension")
         return [], {}
+    cuda_home = find_cuda_home()
+    if cuda_home and not os.environ.get("CUDA_HOME"):
+        # torch guesses CUDA_HOME from `which nvcc` at import; a wrapper script such as
+        # /usr/local/bin/nvcc would make it /usr/local. Point it at the real toolkit first.
+        os.environ["CUDA_HOME"] = cuda_home
     try:
         import torch
         from torch.utils import cpp_extension
@@ -70,14 +77,13 @@ def extensions():
     include_dirs = [os.path.join(csrc, "include"), csrc]
     cxx_flags = ["-O2", "-g0"]  # torch picks the C++ standard its headers need
 
-    cuda_home = find_cuda_home()
     torch_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
     if env_flag("BONKERNELS_SKIP_CUDA"):
         mode = "cpu"
     elif env_flag("BONKERNELS_FORCE_CUDA"):
         if cuda_home is None:
             raise RuntimeError("BONKERNELS_FORCE_CUDA=1 but no nvcc found; set CUDA_HOME to the toolkit root")
-        mode = "torch-cuda" if torch_cuda else "bare-nvcc"
+        mode = "torch-cuda" if (torch_cuda and not env_flag("BONKERNELS_BARE_NVCC")) else "bare-nvcc"
     else:
         mode = "torch-cuda" if (torch_cuda and cuda_home is not None) else "cpu"
     note(f"building the native extension: {mode}")
@@ -94,7 +100,8 @@ def extensions():
         ext = cpp_extension.CppExtension(
             "bonkernels._C", sources, include_dirs=include_dirs + [os.path.join(cuda_home, "include")],
             define_macros=[("BK_WITH_CUDA", None)], extra_compile_args=cxx_flags,
-            library_dirs=[os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")], libraries=["cudart"])
+            library_dirs=[os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")], libraries=["cudart"],
+            runtime_library_dirs=[os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")])
         ext.bk_cu_sources = cu_sources
         ext.bk_cuda_home = cuda_home
         return [ext], {"build_ext": bare_nvcc_build_ext(cpp_extension.BuildExtension)}

@@ -263,11 +263,19 @@ struct BlockExec {
 
   __device__ __forceinline__ void alloc(Vec&) {}
 
+  // Branch-free over the thread's items: terms and consumers are pure per slot (emit is guarded),
+  // so padding slots (rank > n) are evaluated and discarded instead of branched around. Fewer
+  // divergent regions keep ptxas from spilling convergence state to local memory.
   template <class F>
   __device__ __forceinline__ void for_each(F f) {
     BK_UNROLL
-    for (int s = 0; s < ITEMS; ++s)
-      if (first + s < n) f(s, first + s + 1);
+    for (int s = 0; s < ITEMS; ++s) f(s, first + s + 1);
+  }
+
+  template <class T, class Term>
+  __device__ __forceinline__ T term_or(T id, Term& term, int s) {
+    const T t = term(s, first + s + 1);
+    return first + s < n ? t : id;
   }
 
   // Exclusive scan, in rank order (reverse: from the top rank down). Two passes over the thread's
@@ -276,25 +284,22 @@ struct BlockExec {
   __device__ __forceinline__ void scan(bool reverse, T id, Op op, Term term, Consume consume) {
     T total = id;
     BK_UNROLL
-    for (int s = 0; s < ITEMS; ++s)
-      if (first + s < n) total = op(total, term(s, first + s + 1));
+    for (int s = 0; s < ITEMS; ++s) total = op(total, term_or(id, term, s));
     T run = thread_exclusive(reverse, total, id, op);
     if (!reverse) {
       BK_UNROLL
-      for (int s = 0; s < ITEMS; ++s)
-        if (first + s < n) {
-          const T t = term(s, first + s + 1);
-          consume(s, first + s + 1, run);
-          run = op(run, t);
-        }
+      for (int s = 0; s < ITEMS; ++s) {
+        const T t = term_or(id, term, s);
+        consume(s, first + s + 1, run);
+        run = op(run, t);
+      }
     } else {
       BK_UNROLL
-      for (int s = ITEMS - 1; s >= 0; --s)
-        if (first + s < n) {
-          const T t = term(s, first + s + 1);
-          consume(s, first + s + 1, run);
-          run = op(run, t);
-        }
+      for (int s = ITEMS - 1; s >= 0; --s) {
+        const T t = term_or(id, term, s);
+        consume(s, first + s + 1, run);
+        run = op(run, t);
+      }
     }
   }
 
@@ -317,8 +322,7 @@ struct BlockExec {
   __device__ __forceinline__ T reduce(T id, Op op, Term term) {
     T r = id;
     BK_UNROLL
-    for (int s = 0; s < ITEMS; ++s)
-      if (first + s < n) r = op(r, term(s, first + s + 1));
+    for (int s = 0; s < ITEMS; ++s) r = op(r, term_or(id, term, s));
     BK_UNROLL
     for (int off = 16; off >= 1; off >>= 1) r = op(r, shfl_xor(0xffffffffu, r, off, 32));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

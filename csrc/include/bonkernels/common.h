@@ -66,6 +66,28 @@ BK_HD double bk_div(double a, double b) {
 #endif
 }
 
+// sqrt for the group statistics (x >= 0): inline on the GPU for the same reason as bk_div
+// (reciprocal square root estimate, two Newton steps, one correction: within an ulp or so).
+BK_HD double bk_sqrt(double x) {
+#if defined(__CUDA_ARCH__)
+  if (!(x > 0.0) || x == BK_INF) return x > 0.0 ? x : (x == 0.0 ? 0.0 : BK_NAN);
+  double unscale = 1.0;
+  if (x < 1e-290) {  // keep the estimate away from flushed subnormals
+    x *= 0x1p600;
+    unscale = 0x1p-300;
+  }
+  double y;
+  asm("rsqrt.approx.ftz.f64 %0, %1;" : "=d"(y) : "d"(x));
+  y = y * fma(-0.5 * x * y, y, 1.5);
+  y = y * fma(-0.5 * x * y, y, 1.5);
+  double s = x * y;
+  s = fma(0.5 * y, fma(-s, s, x), s);
+  return s * unscale;
+#else
+  return ::sqrt(x);
+#endif
+}
+
 // One call's scalar arguments, as the backend interface passes them (docs/conventions.md).
 struct Params {
   int k;             // requested k (>= 1)

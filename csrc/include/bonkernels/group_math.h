@@ -58,7 +58,7 @@ BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emi
     return c * c;
   });
   const double scale = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); });
-  const double sd = ::sqrt(bk_div(ss, double(n - 1 < 1 ? 1 : n - 1)));
+  const double sd = bk_sqrt(bk_div(ss, double(n - 1 < 1 ? 1 : n - 1)));
   const bool constant = n < 2 || sd <= rtol * scale;
   const double denom = sd + eps;
   ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div(v[s] - mean, denom)); });
@@ -186,7 +186,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
       const bool degenerate = c == 0.0 || nd - c < double(k);
       double var = R * (1.0 - R);
-      const double sigma = ::sqrt(var > 0.0 ? var : 0.0);
+      const double sigma = bk_sqrt(var > 0.0 ? var : 0.0);
       const double n_over_k = bk_div(nd, double(k));
       ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : bk_div(n_over_k * s_val[s] - R, sigma + p.eps)); });
       return;

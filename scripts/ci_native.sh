@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Native part of CI (torch-free): build csrc/ with CMake, run the C++ unit tests of the per-group
+# math (ctest), and compile every csrc/cuda/*.cu for sm_80 and sm_90 with nvcc, failing on any
+# register spill (-Xptxas -v). Without nvcc the CUDA part is skipped with a message.
+#
+#   scripts/ci_native.sh            # env: CUDA_HOME (toolkit root), MAX_JOBS (default 1),
+#                                   #      BONKERNELS_CMAKE_BUILD_DIR (default build/cmake)
+# About 2-3 minutes on 2 cores with nvcc (most of it the two CUDA architectures), seconds without.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR="${BONKERNELS_CMAKE_BUILD_DIR:-build/cmake}"
+JOBS="${MAX_JOBS:-1}"
+
+if [ -z "${CUDA_HOME:-}" ] || [ ! -x "${CUDA_HOME}/bin/nvcc" ]; then
+  CUDA_HOME=""
+  for cand in /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-12.8; do
+    if [ -x "$cand/bin/nvcc" ]; then CUDA_HOME="$cand"; break; fi
+  done
+  if [ -z "$CUDA_HOME" ] && command -v nvcc >/dev/null 2>&1; then
+    CUDA_HOME="$(cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." && pwd)"
+  fi
+fi
+
+cmake_args=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release)
+if [ -n "$CUDA_HOME" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
+  export CUDA_HOME
+  echo "ci_native: nvcc at $CUDA_HOME/bin/nvcc: compiling the CUDA kernels for sm_80 and sm_90"
+  cmake_args+=(-DBONKERNELS_CUDA=ON -DBONKERNELS_PTXAS_VERBOSE=ON -DBONKERNELS_CUDA_ARCHS="80;90"
+               -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc")
+  have_cuda=1
+else
+  echo "ci_native: nvcc not found (set CUDA_HOME to the toolkit root): SKIPPING the CUDA compile check"
+  cmake_args+=(-DBONKERNELS_CUDA=OFF)
+  have_cuda=0
+fi
+
+cmake "${cmake_args[@]}"
+mkdir -p "$BUILD_DIR"
+cmake --build "$BUILD_DIR" -j "$JOBS" 2>&1 | tee "$BUILD_DIR/build.log"
+ctest --test-dir "$BUILD_DIR" --output-on-failure
+
+if [ "$have_cuda" = 1 ]; then
+  kernels=$(grep -c "Compiling entry function" "$BUILD_DIR/build.log" || true)
+  spills=$(grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$BUILD_DIR/build.log" || true)
+  echo "ci_native: $kernels kernel compilations (all .cu files x sm_80, sm_90)"
+  if [ -n "$spills" ]; then
+    echo "ci_native: FAIL: register spills to local memory:"
+    echo "$spills"
+    exit 1
+  fi
+  echo "ci_native: no register spills"
+fi
+echo "ci_native: OK"
