@@ -155,3 +155,22 @@ def test_target_cells_run_backends_and_the_slower_method():
     matrix = [c for c in cells if c.n == 1024]
     assert {c.threads for c in matrix} == {1, 2} and all("maxk_matrix" in c.methods for c in matrix)
     assert all("pkpo_listing" not in c.methods for c in cells)
+
+
+def _row(**kw):
+    base = dict(section="target", device="cpu", threads=1, estimator="maxk_loo1", G=4096, n=16, k=4,
+                k_rule="4", method="torch", kind="backend", status="ok", note="", median_ms=1.0, min_ms=1.0)
+    base.update(kw)
+    return base
+
+
+def test_target_table_says_met_or_missed():
+    rows = [_row(method="torch", median_ms=4.0, min_ms=3.0), _row(method="cpu", median_ms=1.0, min_ms=1.0),
+            _row(threads=2, method="torch", median_ms=6.0, min_ms=6.0),
+            _row(threads=2, method="cpu", median_ms=1.0, min_ms=1.0)]
+    table = report.target_table(rows, gpu=False).splitlines()
+    first = next(line for line in table if line.startswith("| cpu kernel vs torch reference, G=4096 n=16 | 1 "))
+    second = next(line for line in table if line.startswith("| cpu kernel vs torch reference, G=4096 n=16 | 2 "))
+    assert "4x" in first and "**no**" in first      # 4x < 5x
+    assert "6x" in second and "| yes |" in second
+    assert any("not run" in line for line in table)  # targets without rows say so
