@@ -112,6 +112,23 @@ def _verl_loop(c: CellInputs):
     return lambda: baselines.verl_pkpo(c.flat, c.group_ids, c.k, c.estimator)
 
 
+def _verl_library(c: CellInputs):
+    """verl's own compute_grpo_outcome_advantage, imported (one token per response)."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    scores = c.flat[:, None]
+    mask = torch.ones_like(scores)
+    return lambda: compute_grpo_outcome_advantage(scores, mask, c.group_ids)[0].reshape(-1)
+
+
+def _verl_importable() -> str:
+    try:
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa: F401
+    except Exception as e:  # absent, or a dependency of verl is
+        return f"verl is not importable here ({type(e).__name__})"
+    return ""
+
+
 BASELINE_DESCRIPTIONS = {
     "pkpo_listing": "PKPO Listing 1 ported to PyTorch, a Python loop over groups; weight tables "
                     "rebuilt per group from O(k) ratio products (O(nk + n log n) per group)",
@@ -119,8 +136,10 @@ BASELINE_DESCRIPTIONS = {
     "maxk_matrix": "Bagirov et al.'s n x n weight matrix (Listings 2/3) with lgamma binomials; "
                    "on-policy: one shared matrix, one [G,n]x[n,n] product; off-policy: a matrix "
                    "per group, batched in chunks (O(n^2) per group)",
-    "verl_loop": "verl's compute_grpo_outcome_advantage: a per-sample Python loop over a dict of "
-                 "group ids (grpo); for PKPO the same grouping with Listing 1 per group",
+    "verl_loop": "verl's compute_grpo_outcome_advantage copied: a per-sample Python loop over a dict "
+                 "of group ids (grpo); for PKPO the same grouping with Listing 1 per group",
+    "verl": "verl's compute_grpo_outcome_advantage imported from the installed verl (grpo only; "
+            "scores as [N, 1] token rewards)",
 }
 
 
@@ -132,6 +151,8 @@ def baseline_methods() -> list[Method]:
                d["pkpo_listing_cached"]),
         Method("maxk_matrix", "baseline", ("maxk", "maxk_offpolicy"), 2.0, _maxk_matrix, d["maxk_matrix"]),
         Method("verl_loop", "baseline", ("grpo", "maxk_loo1"), 1.0, _verl_loop, d["verl_loop"]),
+        Method("verl", "baseline", ("grpo",), 1.0, _verl_library, d["verl"],
+               available=not _verl_importable(), why_unavailable=_verl_importable()),
     ]
 
 

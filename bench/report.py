@@ -91,7 +91,7 @@ def _fmt_bytes(b: float) -> str:
 
 
 def _method_order(methods):
-    order = list(BACKENDS) + ["pkpo_listing", "pkpo_listing_cached", "maxk_matrix", "verl_loop"]
+    order = list(BACKENDS) + ["pkpo_listing", "pkpo_listing_cached", "maxk_matrix", "verl_loop", "verl"]
     return sorted(methods, key=lambda m: order.index(m) if m in order else len(order))
 
 

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     all_methods = methods.backend_methods(cfg.device) + methods.baseline_methods()
     if cfg.device.type == "cuda":  # per-sample / per-group Python loops are CPU-side (as in verl)
         for m in all_methods:
-            if m.name in ("pkpo_listing", "verl_loop"):
+            if m.name in ("pkpo_listing", "verl_loop", "verl"):
                 m.available, m.why_unavailable = False, "a Python loop per group/sample: measured in the CPU run"
     copy_bw = measure_copy_bandwidth(cfg, cells)
     runner = sweep.Runner(cfg, all_methods, copy_bw)

@@ -174,3 +174,13 @@ def test_target_table_says_met_or_missed():
     assert "4x" in first and "**no**" in first      # 4x < 5x
     assert "6x" in second and "| yes |" in second
     assert any("not run" in line for line in table)  # targets without rows say so
+
+
+def test_verl_loop_equals_installed_verl():
+    """The copied loop is verl's: same values as verl's own function where verl is installed."""
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.rand(24, generator=gen)
+    index = np.array([0, 1, 2] * 6 + [3] * 5 + [4])  # groups of 6, 5 and a singleton
+    theirs = core_algos.compute_grpo_outcome_advantage(scores[:, None], torch.ones(24, 1), index)[0][:, 0]
+    torch.testing.assert_close(baselines.verl_grpo(scores, index), theirs, rtol=0, atol=0)
