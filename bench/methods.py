@@ -61,11 +61,11 @@ class CellInputs:
 
 
 def make_inputs(G: int, n: int, k: int, estimator: str, device: torch.device, seed: int = 0) -> CellInputs:
-    gen = torch.Generator().manual_seed(seed)
-    rewards = torch.rand(G, n, generator=gen).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)  # on the device: big GPU cells stay fast
+    rewards = torch.rand(G, n, generator=gen, device=device)
     deltas = None
     if estimator == "maxk_offpolicy":
-        deltas = ((torch.rand(G, n, generator=gen) - 0.5) * 0.2).to(device)  # |delta| <= 0.1
+        deltas = (torch.rand(G, n, generator=gen, device=device) - 0.5) * 0.2  # |delta| <= 0.1
     return CellInputs(rewards, deltas, k, estimator)
 
 
