@@ -93,7 +93,10 @@ def advantages(rewards: torch.Tensor, k: int, estimator: str = "maxk_loo1", *, o
                 raise ValueError(f"max_group_size={max_group_size} but {layout.describe(g)} has "
                                  f"{int(sizes[g])} samples")
 
-    impl = _select_backend(backend, values, est)
+    if check_inputs and max_group_size is None and values.is_cuda:
+        sizes = layout.offsets[1:] - layout.offsets[:-1]
+        max_group_size = int(sizes.max()) if sizes.numel() else 0   # already synced: give kernels the bound
+    impl = _select_backend(backend, values, est, max_group_size)
     out = impl(values, layout.offsets, packed_deltas, k, est.code, clamp_delta, clip_lo, clip_hi,
                scale == "mean", small_code, float(eps), max_group_size)
     return layout.unpack(out)
@@ -242,7 +245,8 @@ def _check_group_sizes(layout: GroupLayout, k: int, est: estimators.Estimator, a
                          f"n = {int(sizes[g])}; pass small_groups='zero' or 'clamp' to allow it")
 
 
-def _select_backend(backend: str, values: torch.Tensor, est: estimators.Estimator):
+def _select_backend(backend: str, values: torch.Tensor, est: estimators.Estimator,
+                    max_group_size: Optional[int]):
     """The packed implementation to call. ``auto`` picks the fastest available for the device."""
     if est.name == "maxk_offpolicy_exact":
         if backend not in ("auto", "torch"):
@@ -252,7 +256,7 @@ def _select_backend(backend: str, values: torch.Tensor, est: estimators.Estimato
     if backend == "torch":
         return reference.advantages_packed
     if backend == "auto":
-        return _auto_backend(values)
+        return _auto_backend(values, max_group_size)
     if backend == "triton":
         return _triton_backend(values)
     return _native_backend(backend, values)
@@ -290,19 +294,28 @@ def _triton_backend(values: torch.Tensor):
     return triton_backend.advantages_packed
 
 
-def _auto_backend(values: torch.Tensor):
-    """Fastest available: the native kernel for the tensor's device, then Triton on CUDA, then torch."""
+def _auto_backend(values: torch.Tensor, max_group_size: Optional[int]):
+    """Fastest available: the native kernel for the tensor's device, then Triton on CUDA, then torch.
+
+    The GPU kernels take groups up to a fixed size (4096); with a known larger bound auto falls
+    back to the reference. With no bound known, the native kernel finds it (one host sync).
+    """
     try:
         from . import _native
-        if _native.cuda_available() if values.is_cuda else _native.available():
+    except ImportError:
+        _native = None
+    if not values.is_cuda:
+        if _native is not None and _native.available():
             return _native.advantages_packed
+        return reference.advantages_packed
+    fits = max_group_size is None or max_group_size <= getattr(_native, "CUDA_MAX_GROUP", 4096)
+    if _native is not None and _native.cuda_available() and fits:
+        return _native.advantages_packed
+    try:
+        from . import triton as triton_backend
+        from .triton._config import MAX_BLOCK
+        if triton_backend.available() and (max_group_size is not None and max_group_size <= MAX_BLOCK):
+            return triton_backend.advantages_packed
     except ImportError:
         pass
-    if values.is_cuda:
-        try:
-            from . import triton as triton_backend
-            if triton_backend.available():
-                return triton_backend.advantages_packed
-        except ImportError:
-            pass
     return reference.advantages_packed
