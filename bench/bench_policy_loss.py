@@ -3,9 +3,10 @@
     .venv/bin/python bench/bench_policy_loss.py [--B 64] [--T 4096] [--repeats 20] [--threads 2]
 
 Prints, per implementation, the median wall time of one forward + backward (after warm-up) and
-the peak extra memory one step needs beyond its inputs: on CPU the growth of the process's peak
-RSS (high-water mark reset just before the step; each implementation runs in a fresh
-subprocess with a fixed malloc mmap threshold), on CUDA torch's peak allocated memory.
+the peak extra memory one step needs beyond its inputs. Times come from one process where the
+implementations take turns. Memory comes from a fresh subprocess per implementation: on CPU the
+growth of the process's peak RSS (high-water mark reset just before the step, with a fixed malloc
+mmap threshold so freed tensors leave the RSS), on CUDA torch's peak allocated memory.
 
 Implementations:
 * ``plain``: the loss as trainers write it (TRL / verl style): ratio, clipped surrogate, masked
@@ -87,35 +88,44 @@ def _cpu_peak_extra_bytes(fn) -> int:
     return (peak - base) * 1024
 
 
-def run_one(name, B, T, repeats, threads, device):
-    """Runs inside a fresh process: time and peak memory of one implementation."""
+def measure_memory(name, B, T, threads, device):
+    """Runs in a fresh process: the peak extra memory of one forward + backward."""
+    import torch
+    torch.set_num_threads(threads)
+    logp, old, mask, rewards = _inputs(B, T, device)
+    for _ in range(2):
+        _step(name, logp, old, mask, rewards)   # warm-up (lazy init, Triton JIT) before measuring
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = _step(name, logp, old, mask, rewards)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        del out
+        return peak
+    return _cpu_peak_extra_bytes(lambda: _step(name, logp, old, mask, rewards))
+
+
+def measure_times(B, T, repeats, threads, device):
+    """Runs in one process with the default allocator: the implementations take turns, so a
+    change in the machine's load hits all of them alike."""
     import torch
     torch.set_num_threads(threads)
     logp, old, mask, rewards = _inputs(B, T, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(2):
-        _step(name, logp, old, mask, rewards)   # warm-up (lazy init, Triton JIT) before measuring
+    for name in IMPLEMENTATIONS:
+        for _ in range(3):
+            _step(name, logp, old, mask, rewards)
     sync()
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        out = _step(name, logp, old, mask, rewards)
-        sync()
-        peak = torch.cuda.max_memory_allocated() - base
-        del out
-    else:
-        peak = _cpu_peak_extra_bytes(lambda: _step(name, logp, old, mask, rewards))
-    for _ in range(3):
-        _step(name, logp, old, mask, rewards)
-    sync()
-    times = []
+    times = {name: [] for name in IMPLEMENTATIONS}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        _step(name, logp, old, mask, rewards)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return {"name": name, "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
-            "peak_extra_mib": peak / 2**20}
+        for name in IMPLEMENTATIONS:
+            t0 = time.perf_counter()
+            _step(name, logp, old, mask, rewards)
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)} for name, t in times.items()}
 
 
 def check_same(B, T, device):
@@ -139,26 +149,29 @@ def main():
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.B, args.T, args.repeats, args.threads, args.device)))
+        print(json.dumps({"peak_bytes": measure_memory(args.one, args.B, args.T, args.threads, args.device)}))
         return
     sys.path.insert(0, REPO)
     check_same(min(args.B, 16), min(args.T, 256), args.device)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                MALLOC_MMAP_THRESHOLD_="65536")
+    times = measure_times(args.B, args.T, args.repeats, args.threads, args.device)
     rows = []
     for name in IMPLEMENTATIONS:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--B", str(args.B), "--T", str(args.T),
-               "--repeats", str(args.repeats), "--threads", str(args.threads), "--device", args.device]
+               "--threads", str(args.threads), "--device", args.device]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
+        peak = json.loads(out.strip().splitlines()[-1])["peak_bytes"]
+        rows.append(dict(name=name, peak_extra_mib=peak / 2**20, **times[name]))
     plain = rows[0]
     print(f"policy loss forward+backward, B x T = {args.B} x {args.T}, float32, {args.device}, "
           f"{args.threads} threads, median of {args.repeats}")
-    print(f"{'implementation':<12} {'median ms':>10} {'min ms':>8} {'time / plain':>13} {'peak extra MiB':>15}")
+    print(f"{'implementation':<12} {'median ms':>10} {'min ms':>8} {'median/plain':>13} {'min/plain':>10} "
+          f"{'peak extra MiB':>15}")
     for r in rows:
         print(f"{r['name']:<12} {r['median_ms']:>10.2f} {r['min_ms']:>8.2f} {r['median_ms'] / plain['median_ms']:>13.2f} "
-              f"{r['peak_extra_mib']:>15.1f}")
-
+              f"{r['min_ms'] / plain['min_ms']:>10.2f} {r['peak_extra_mib']:>15.1f}")
+    print(f"load average during the run: {os.getloadavg()[0]:.2f} (on {os.cpu_count()} CPUs)")
 
 if __name__ == "__main__":
     main()

@@ -120,7 +120,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
                      eps=eps, check_inputs=check_inputs, **layout_kwargs)
 
     compute_dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
-    tokens = valid.sum(-1, dtype=compute_dtype)
+    tokens = valid.sum(-1).to(compute_dtype)
     row_w = _row_weights(tokens, loss_agg)
     params = _LossParams(weighting == "ppo", clip_lo, clip_hi, float(kl_coef), ref_logp is not None)
 
@@ -229,7 +229,7 @@ def _group_layout(B: int, offsets, group_size, group_ids, device) -> dict:
 def _valid_mask(mask, logp) -> torch.Tensor:
     if mask is None:
         return torch.ones(logp.shape, dtype=torch.bool, device=logp.device)
-    return mask != 0
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def _check_values(logp, old_logp, ref_logp, mask, valid) -> None:
@@ -361,7 +361,7 @@ def token_terms(lp, old, ref, valid, A, w, p: _LossParams):
         unclipped = ratio * weight
         clipped = ratio.clamp_(1.0 - p.clip_lo, 1.0 + p.clip_hi).mul_(weight)
         clip_wins = clipped > unclipped
-        clipped_tokens = clip_wins.sum(dtype=lp.dtype)
+        clipped_tokens = clip_wins.sum().to(lp.dtype)
         loss_sum = torch.maximum(unclipped, clipped).sum()
         # The slope is -A w r where the unclipped branch is the max (ties only happen inside the
         # clip range, where both branches have that slope) and 0 where clipping wins.
