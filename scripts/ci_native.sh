@@ -37,13 +37,18 @@ fi
 
 cmake "${cmake_args[@]}"
 mkdir -p "$BUILD_DIR"
-cmake --build "$BUILD_DIR" -j "$JOBS" 2>&1 | tee "$BUILD_DIR/build.log"
+# --clean-first: every run recompiles, so the ptxas report below is always complete.
+cmake --build "$BUILD_DIR" --clean-first -j "$JOBS" 2>&1 | tee "$BUILD_DIR/build.log"
 ctest --test-dir "$BUILD_DIR" --output-on-failure
 
 if [ "$have_cuda" = 1 ]; then
   kernels=$(grep -c "Compiling entry function" "$BUILD_DIR/build.log" || true)
   spills=$(grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$BUILD_DIR/build.log" || true)
   echo "ci_native: $kernels kernel compilations (all .cu files x sm_80, sm_90)"
+  if [ "$kernels" -eq 0 ]; then
+    echo "ci_native: FAIL: no ptxas report in the build log"
+    exit 1
+  fi
   if [ -n "$spills" ]; then
     echo "ci_native: FAIL: register spills to local memory:"
     echo "$spills"

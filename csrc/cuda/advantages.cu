@@ -263,19 +263,17 @@ struct BlockExec {
 
   __device__ __forceinline__ void alloc(Vec&) {}
 
-  // Branch-free over the thread's items: terms and consumers are pure per slot (emit is guarded),
-  // so padding slots (rank > n) are evaluated and discarded instead of branched around. Fewer
-  // divergent regions keep ptxas from spilling convergence state to local memory.
+  // Padding slots (rank > n): terms and consumers are pure per slot and emit is guarded, so they
+  // may be evaluated and discarded instead of branched around. Measured with -Xptxas -v (sm_80,
+  // sm_90): 128-thread blocks spill with the branches and not without; the larger blocks the
+  // other way round. scripts/ci_native.sh fails on any spill, so a change that flips this shows.
+  static constexpr bool kBranchFree = BLOCK <= 128;
+
   template <class F>
   __device__ __forceinline__ void for_each(F f) {
     BK_UNROLL
-    for (int s = 0; s < ITEMS; ++s) f(s, first + s + 1);
-  }
-
-  template <class T, class Term>
-  __device__ __forceinline__ T term_or(T id, Term& term, int s) {
-    const T t = term(s, first + s + 1);
-    return first + s < n ? t : id;
+    for (int s = 0; s < ITEMS; ++s)
+      if (kBranchFree || first + s < n) f(s, first + s + 1);
   }
 
   // Exclusive scan, in rank order (reverse: from the top rank down). Two passes over the thread's
@@ -283,22 +281,51 @@ struct BlockExec {
   template <class T, class Op, class Term, class Consume>
   __device__ __forceinline__ void scan(bool reverse, T id, Op op, Term term, Consume consume) {
     T total = id;
-    BK_UNROLL
-    for (int s = 0; s < ITEMS; ++s) total = op(total, term_or(id, term, s));
-    T run = thread_exclusive(reverse, total, id, op);
-    if (!reverse) {
+    if constexpr (kBranchFree) {
       BK_UNROLL
       for (int s = 0; s < ITEMS; ++s) {
-        const T t = term_or(id, term, s);
-        consume(s, first + s + 1, run);
-        run = op(run, t);
+        const T t = term(s, first + s + 1);
+        total = op(total, first + s < n ? t : id);
       }
     } else {
       BK_UNROLL
-      for (int s = ITEMS - 1; s >= 0; --s) {
-        const T t = term_or(id, term, s);
-        consume(s, first + s + 1, run);
-        run = op(run, t);
+      for (int s = 0; s < ITEMS; ++s)
+        if (first + s < n) total = op(total, term(s, first + s + 1));
+    }
+    T run = thread_exclusive(reverse, total, id, op);
+    if constexpr (kBranchFree) {
+      if (!reverse) {
+        BK_UNROLL
+        for (int s = 0; s < ITEMS; ++s) {
+          const T t = term(s, first + s + 1);
+          consume(s, first + s + 1, run);
+          run = op(run, first + s < n ? t : id);
+        }
+      } else {
+        BK_UNROLL
+        for (int s = ITEMS - 1; s >= 0; --s) {
+          const T t = term(s, first + s + 1);
+          consume(s, first + s + 1, run);
+          run = op(run, first + s < n ? t : id);
+        }
+      }
+    } else {
+      if (!reverse) {
+        BK_UNROLL
+        for (int s = 0; s < ITEMS; ++s)
+          if (first + s < n) {
+            const T t = term(s, first + s + 1);
+            consume(s, first + s + 1, run);
+            run = op(run, t);
+          }
+      } else {
+        BK_UNROLL
+        for (int s = ITEMS - 1; s >= 0; --s)
+          if (first + s < n) {
+            const T t = term(s, first + s + 1);
+            consume(s, first + s + 1, run);
+            run = op(run, t);
+          }
       }
     }
   }
@@ -321,8 +348,17 @@ struct BlockExec {
   template <class T, class Op, class Term>
   __device__ __forceinline__ T reduce(T id, Op op, Term term) {
     T r = id;
-    BK_UNROLL
-    for (int s = 0; s < ITEMS; ++s) r = op(r, term_or(id, term, s));
+    if constexpr (kBranchFree) {
+      BK_UNROLL
+      for (int s = 0; s < ITEMS; ++s) {
+        const T t = term(s, first + s + 1);
+        r = op(r, first + s < n ? t : id);
+      }
+    } else {
+      BK_UNROLL
+      for (int s = 0; s < ITEMS; ++s)
+        if (first + s < n) r = op(r, term(s, first + s + 1));
+    }
     BK_UNROLL
     for (int off = 16; off >= 1; off >>= 1) r = op(r, shfl_xor(0xffffffffu, r, off, 32));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -345,7 +381,7 @@ struct BlockExec {
 };
 
 template <int BLOCK, int ITEMS>
-__global__ void __launch_bounds__(BLOCK) block_kernel(int dtype, const void* __restrict__ values,
+__global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* __restrict__ values,
                                                       const int64_t* __restrict__ offsets,
                                                       const void* __restrict__ deltas, void* __restrict__ out,
                                                       int64_t num_groups, Params p) {
