@@ -72,7 +72,8 @@ def test_expected_max_matches_multiset_enumeration(k):
 # --------------------------------------------------------------------------------------------
 
 def unbiased_cases():
-    """(estimator, reward kind, n, k passed, k of the target max@k, factor) for every case."""
+    """(estimator, reward kind, n, k passed, k of the target max@k, factor) for every case; the
+    factor is what the sum-scale expectation is of the target (1 = unbiased)."""
     cases = []
     for n in NS:
         for k in k_values(n):
@@ -91,6 +92,16 @@ def unbiased_cases():
             cases.append(("dr_grpo", kind, n, 1, 1, (n - 1) / n))  # self in the mean: (n-1)/n
         cases.append(("bon_rlb_pos", "binary", n, 1, 1, 1.0))  # spec 4: N = 1 stays exact
     return cases
+
+
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("kind", list(REWARDS))
+def test_rloo_in_its_natural_mean_scale_is_n_times_grad_mean_reward(n, kind):
+    """rloo's own (mean) scale: g_i - mean of the others, E[sum_i A_i grad log pi] = n grad E[g]."""
+    rewards = REWARDS[kind]
+    for theta in (THETA, THETA_2):
+        got = expected_gradient("rloo", rewards, theta, n, 1, scale="mean")
+        np.testing.assert_allclose(got, n * grad_expected_max(theta, rewards, 1), rtol=1e-12, atol=1e-15)
 
 
 def test_every_estimator_the_registry_calls_unbiased_is_checked():
