@@ -4,7 +4,6 @@ the scale rule, constant rewards, and large groups (n = 4096) in float64 and flo
 oracle's closed forms (exact big-integer binomial tables).
 """
 
-import math
 import random
 
 import numpy as np
@@ -52,10 +51,6 @@ def pack(groups, deltas=None, dtype=F64):
 
 def scale_of(groups):
     return max(1.0, max(abs(v) for g in groups for v in g))
-
-
-def test_fresh_seed_is_reported():
-    print(f"oracle invariance seed: {SEED}")
 
 
 # --------------------------------------------------------------------------------------------
