@@ -350,3 +350,25 @@ def test_exact_offpolicy_rejects_groups_above_its_limit():
     r = torch.rand(1, EXACT_MAX_N + 1, dtype=F64)
     with pytest.raises(ValueError, match=str(EXACT_MAX_N)):
         adv(r, 2, "maxk_offpolicy_exact", deltas=torch.zeros_like(r))
+
+
+def test_loo1_is_nonnegative_and_binary_closed_form():
+    """spec 2.4: s^(loo-1) >= 0, the smallest reward gets 0; on binary rewards a correct sample
+    gets C(n-c, k-1)/C(n,k) and a wrong one 0."""
+    rng = random.Random(f"{SEED}-loo1-sign")
+    for k in range(2, 9):
+        groups, _ = random_batch(rng, "maxk_loo1", range(k, 9), k)
+        r, off, _ = pack(groups)
+        out = adv(r, k, "maxk_loo1", offsets=off, scale="sum").tolist()
+        for i, g in enumerate(groups):
+            a = out[off[i]:off[i + 1]]
+            assert min(a) >= -1e-15 * scale_of(groups), (SEED, g, a)
+            assert abs(a[g.index(min(g))]) <= 1e-15 * scale_of(groups), (SEED, g, a)
+        binary = [make_rewards(rng, kind, n) for n in range(k, 9) for kind in BINARY_KINDS]
+        r, off, _ = pack(binary)
+        out = adv(r, k, "maxk_loo1", offsets=off, scale="sum").tolist()
+        for i, f in enumerate(binary):
+            n, c = len(f), int(sum(f))
+            want = [oracle.comb(n - c, k - 1) / oracle.comb(n, k) if v else 0.0 for v in f]
+            np.testing.assert_allclose(out[off[i]:off[i + 1]], want, rtol=1e-13, atol=1e-15,
+                                       err_msg=f"seed={SEED} f={f} k={k}")
