@@ -1,12 +1,13 @@
-"""The Triton kernels, run by Triton's interpreter on CPU tensors, against the PyTorch reference.
+"""The Triton kernels against the PyTorch reference: on CPU tensors under Triton's interpreter,
+or on CUDA tensors when a GPU is present.
 
-These tests need TRITON_INTERPRET=1 in the environment before triton is imported, so they run in
-their own process:
+The interpreter needs TRITON_INTERPRET=1 in the environment before triton is imported, so on a
+machine without a GPU these tests run in their own process:
 
     TRITON_INTERPRET=1 .venv/bin/python -m pytest python_tests/test_triton_interpreter.py -q
 
-(python_tests/test_triton.py does exactly that from the ordinary suite.) Without the variable the
-module is skipped.
+(python_tests/test_triton.py does exactly that from the ordinary suite.) Without the variable and
+without CUDA the module is skipped.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import os
 import pytest
 import torch
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("needs TRITON_INTERPRET=1 (run by test_triton.py in a subprocess)",
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRETING and not torch.cuda.is_available():
+    pytest.skip("needs TRITON_INTERPRET=1 or a GPU (test_triton.py runs it under the interpreter)",
                 allow_module_level=True)
 pytest.importorskip("triton")
+DEVICE = "cpu" if INTERPRETING else "cuda"
 
 import bonkernels as bk  # noqa: E402
 from bonkernels import estimators, reference  # noqa: E402
@@ -39,7 +42,7 @@ MODES = {"error": 0, "zero": 1, "clamp": 2}
 
 def packed_offsets(sizes) -> torch.Tensor:
     return torch.tensor([0] + list(torch.tensor(sizes, dtype=torch.int64).cumsum(0)),
-                        dtype=torch.int64)
+                        dtype=torch.int64, device=DEVICE)
 
 
 def make_rewards(sizes, est, dtype, generator, tied_fraction=0.5) -> torch.Tensor:
@@ -54,13 +57,14 @@ def make_rewards(sizes, est, dtype, generator, tied_fraction=0.5) -> torch.Tenso
             g = torch.randn(n, generator=generator, dtype=torch.float64)
         parts.append(g)
     values = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
-    return values.to(dtype)
+    return values.to(device=DEVICE, dtype=dtype)
 
 
 def make_deltas(values, est, generator):
     if not est.needs_deltas:
         return None
-    return ((torch.rand(values.numel(), generator=generator, dtype=torch.float64) - 0.5) * 0.6).to(values.dtype)
+    deltas = (torch.rand(values.numel(), generator=generator, dtype=torch.float64) - 0.5) * 0.6
+    return deltas.to(device=values.device, dtype=values.dtype)
 
 
 def default_clip(est):
@@ -151,6 +155,39 @@ def test_packed_sort_path_matches_reference(est):
                                  clamp_delta=0.1 if deltas is not None else None)
 
 
+@pytest.mark.parametrize("block_sizes", [[7, 9, 5], [40, 33, 64]], ids=["rank-sort", "packed-sort"])
+def test_float64_sort_resolves_near_ties(block_sizes):
+    """Values one ulp apart, negative values and signed zeros sort by value: the float64 packed sort
+    (two passes over the low and high key halves) and the rank sort compare all 64 bits."""
+    generator = torch.Generator().manual_seed(11)
+    parts = []
+    for g, n in enumerate(block_sizes):
+        steps = torch.randperm(n, generator=generator).double()  # shuffled 0..n-1
+        if g == 0:
+            parts.append(1.0 + steps * 2.0 ** -52)  # consecutive doubles: equal high 32 bits
+        elif g == 1:
+            parts.append(-3.0 + steps * 2.0 ** -51)
+        else:
+            signed_zero = torch.where(steps % 2 == 0, -0.0, 0.0).double()
+            parts.append(torch.where(steps % 3 == 0, signed_zero, (steps - n / 2) * 2.0 ** -1000))
+    values = torch.cat(parts).to(DEVICE)
+    offsets = packed_offsets(block_sizes)
+    # shift-invariant estimators whose outputs are the gaps themselves: a misordered pair of
+    # near-ties changes them at their own (ulp) scale
+    for name, k in (("maxk_loo1", 2), ("maxk_loo1", 3), ("tang_loo", 1), ("bon_max_second", 1)):
+        est = estimators.get(name)
+        args = (values, offsets, None, k, est.code, None, -math.inf, math.inf, False, 0, 1e-6)
+        out = bk_triton.advantages_packed(*args, max(block_sizes))
+        ref = reference.advantages_packed(*args)
+        start = 0
+        for n in block_sizes:
+            scale = ref[start:start + n].abs().max().item()
+            assert scale > 0
+            err = (out[start:start + n] - ref[start:start + n]).abs().max().item()
+            assert err <= 1e-9 * scale, (name, k, n, err, scale)
+            start += n
+
+
 def test_block_does_not_change_results():
     """A larger max_group_size (another bucket, another sort) gives the same values."""
     est = estimators.get("maxk_loo1")
@@ -169,7 +206,7 @@ def test_block_does_not_change_results():
 def test_clip_and_eps_are_exact_float64():
     """Float options reach the kernel as float64 (the interpreter would round them to float32)."""
     est = estimators.get("dr_grpo")  # x - mean: -0.35, 0.25, -0.1, 0.45, -0.25
-    values = torch.tensor([0.1, 0.7, 0.35, 0.9, 0.2], dtype=torch.float64)
+    values = torch.tensor([0.1, 0.7, 0.35, 0.9, 0.2], dtype=torch.float64, device=DEVICE)
     offsets = packed_offsets([5])
     args = (values, offsets, None, 2, est.code, None, -0.3, 0.3, True, 0, 1e-6)
     out = bk_triton.advantages_packed(*args, 5)
@@ -180,7 +217,7 @@ def test_clip_and_eps_are_exact_float64():
 def test_empty_batch_and_empty_groups():
     est = estimators.get("maxk")
     for sizes in ([], [0, 0]):
-        values = torch.zeros(0, dtype=torch.float32)
+        values = torch.zeros(0, dtype=torch.float32, device=DEVICE)
         out = bk_triton.advantages_packed(values, packed_offsets(sizes), None, 1, est.code, None,
                                           -math.inf, math.inf, True, 1, 1e-6, 0)
         assert out.shape == (0,) and out.dtype == torch.float32
@@ -190,14 +227,14 @@ def test_empty_batch_and_empty_groups():
 
 def test_public_api_padded_lengths_and_group_ids():
     generator = torch.Generator().manual_seed(7)
-    rewards = torch.randn(6, 10, generator=generator, dtype=torch.float32)
-    lengths = torch.tensor([10, 3, 1, 7, 0, 9])
+    rewards = torch.randn(6, 10, generator=generator, dtype=torch.float32).to(DEVICE)
+    lengths = torch.tensor([10, 3, 1, 7, 0, 9], device=DEVICE)
     for name in ("maxk_loo1", "grpo", "tang_loo"):
         a = bk.advantages(rewards, 3, name, lengths=lengths, backend="triton", small_groups="zero")
         b = bk.advantages(rewards, 3, name, lengths=lengths, backend="torch", small_groups="zero")
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    ids = torch.randint(0, 5, (40,), generator=generator) * 7 - 3
-    flat = torch.rand(40, generator=generator, dtype=torch.float64)
+    ids = (torch.randint(0, 5, (40,), generator=generator) * 7 - 3).to(DEVICE)
+    flat = torch.rand(40, generator=generator, dtype=torch.float64).to(DEVICE)
     a = bk.advantages(flat, 2, "maxk", group_ids=ids, backend="triton", small_groups="clamp")
     b = bk.advantages(flat, 2, "maxk", group_ids=ids, backend="torch", small_groups="clamp")
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -205,14 +242,14 @@ def test_public_api_padded_lengths_and_group_ids():
 
 def test_public_api_options():
     generator = torch.Generator().manual_seed(8)
-    binary = (torch.rand(5, 8, generator=generator) < 0.3).double()
+    binary = (torch.rand(5, 8, generator=generator) < 0.3).double().to(DEVICE)
     binary[0] = 0.0  # every sample fails: bon_rlb's default clip bounds the infinite weight
     a = bk.advantages(binary, 3, "bon_rlb", backend="triton")
     b = bk.advantages(binary, 3, "bon_rlb", backend="torch")
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert a[0].eq(estimators.BON_RLB_DEFAULT_CLIP[1]).all()
-    rewards = torch.rand(4, 6, generator=generator, dtype=torch.float64)
-    deltas = torch.rand(4, 6, generator=generator, dtype=torch.float64) - 0.5
+    rewards = torch.rand(4, 6, generator=generator, dtype=torch.float64).to(DEVICE)
+    deltas = torch.rand(4, 6, generator=generator, dtype=torch.float64).to(DEVICE) - 0.5
     for scale in ("sum", "mean"):
         a = bk.advantages(rewards, 2, "maxk_offpolicy", deltas=deltas, clamp_delta=0.25,
                           clip=(-0.4, 0.4), scale=scale, backend="triton")
@@ -222,7 +259,7 @@ def test_public_api_options():
 
 
 def test_offpolicy_exact_is_refused():
-    values = torch.rand(8, dtype=torch.float64)
+    values = torch.rand(8, dtype=torch.float64, device=DEVICE)
     with pytest.raises(ValueError, match="maxk_offpolicy_exact"):
         bk_triton.advantages_packed(values, packed_offsets([8]), values * 0, 2,
                                     estimators.get("maxk_offpolicy_exact").code, None, -math.inf,
@@ -230,7 +267,7 @@ def test_offpolicy_exact_is_refused():
 
 
 def test_group_larger_than_max_block_is_refused():
-    values = torch.rand(_config.MAX_BLOCK + 1, dtype=torch.float32)
+    values = torch.rand(_config.MAX_BLOCK + 1, dtype=torch.float32, device=DEVICE)
     with pytest.raises(ValueError, match="at most"):
         bk_triton.advantages_packed(values, packed_offsets([values.numel()]), None, 2, 0, None,
                                     -math.inf, math.inf, True, 0, 1e-6, None)

@@ -99,25 +99,25 @@ def _sort_perm_by_rank(keys, cols):
 
 
 @triton.jit
-def _sort_perm_by_packed_sort(x, cols, BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr):
-    """Sorting permutation of each row with tl.sort on packed (order key, column) int64 keys."""
-    if x.dtype == tl.float64:
-        # A float64 key leaves no room for the column: sort the keys, find each key's lower bound
-        # (binary search, one gather per step), then sort packed (lower bound, column) pairs.
-        key = _order_key64(x)
-        sorted_key = tl.sort(key, dim=1)
-        below = tl.zeros_like(cols)
-        for level in tl.static_range(LOG2_BLOCK):
-            step: tl.constexpr = BLOCK >> (level + 1)
-            probe = below + step
-            probe_key = tl.gather(sorted_key, probe - 1, axis=1)
-            below = tl.where(probe_key < key, probe, below)
-        packed = (below.to(tl.int64) << 32) | cols.to(tl.int64)
+def _sort_perm_by_packed_sort(values_ptr, start, n, raw, cols):
+    """Sorting permutation of each row with tl.sort on packed (32-bit key, 32-bit column) int64s."""
+    if raw.dtype == tl.float64:
+        # A float64 key leaves no room for the column: sort twice (least significant digit first),
+        # by the low 32 key bits, then by the high 32 bits with ties kept in first-pass order
+        # (the first-pass position rides in bits 16-31, the column in bits 0-15: BLOCK <= 65536).
+        key = _order_key64(raw)
+        low = (key & 0xFFFFFFFF) - 0x80000000  # unsigned order -> signed order
+        first = tl.sort((low << 32) | cols.to(tl.int64), dim=1)
+        first_cols = first & 0xFFFF  # column at each first-pass position
+        again = tl.load(values_ptr + start + first_cols, mask=first_cols < n, other=float("inf"))
+        high = _order_key64(again) >> 32
+        second = tl.sort((high << 32) | (cols.to(tl.int64) << 16) | first_cols, dim=1)
+        perm = (second & 0xFFFF).to(tl.int32)
     else:
-        key = _order_key32(x.to(tl.float32))
-        packed = (key.to(tl.int64) << 32) | cols.to(tl.int64)
-    packed = tl.sort(packed, dim=1)
-    return (packed & 0xFFFFFFFF).to(tl.int32)
+        key = _order_key32(raw.to(tl.float32))
+        packed = tl.sort((key.to(tl.int64) << 32) | cols.to(tl.int64), dim=1)
+        perm = (packed & 0xFFFFFFFF).to(tl.int32)
+    return perm
 
 
 @triton.jit
@@ -177,7 +177,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, num_groups,
         else:
             perm = _sort_perm_by_rank(raw.to(tl.float32), cols)
     else:
-        perm = _sort_perm_by_packed_sort(raw, cols, BLOCK, LOG2_BLOCK)
+        perm = _sort_perm_by_packed_sort(values_ptr, start, n, raw, cols)
     src = start + perm
     x = tl.load(values_ptr + src, mask=valid, other=0.0).to(tl.float64)  # sorted ascending
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 MIN_BLOCK = 8
-MAX_BLOCK = 4096  # larger groups: use another backend (the packed sort of one row must fit a program)
+MAX_BLOCK = 4096  # larger groups: use another backend (one group's packed sort fits one program)
 RANK_SORT_MAX_BLOCK = 32  # O(n^2) rank-by-comparison below this; tl.sort on packed keys above
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
@@ -50,8 +50,10 @@ def config_for_block(block: int) -> LaunchConfig:
     if block <= RANK_SORT_MAX_BLOCK:
         # the comparison tile is groups * block * block: keep it at 4096 elements
         return LaunchConfig(block, max(1, 4096 // (block * block)), True, 4)
-    # about 512 float64 elements per program, several live tiles each
-    return LaunchConfig(block, max(1, 512 // block), False, 4 if block <= 1024 else 8)
+    # at least 512 elements per program, 2-4 per thread: many warps keep the sort's code small
+    # (compile time grows with the elements per thread) and give big groups enough threads
+    groups = max(1, 512 // block)
+    return LaunchConfig(block, groups, False, min(32, max(4, groups * block // 64)))
 
 
 def all_blocks() -> list[int]:

@@ -2,6 +2,9 @@
 
 `advantages_packed` is the backend interface of the project brief (packed values + CSR offsets).
 It launches exactly one kernel and, when the caller passes max_group_size, never syncs with the host.
+Eagerly it launches the kernel directly; under torch.compile it calls the registered op
+`torch.ops.bonkernels.triton_advantages` (torch.library.triton_op + wrap_triton), which the
+compiler traces into the graph.
 """
 
 from __future__ import annotations
@@ -115,6 +118,8 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
     args = (values, offsets, deltas, int(k), int(estimator_code),
             None if clamp_delta is None else float(clamp_delta), float(clip_lo), float(clip_hi),
             bool(mean_scale), int(small_groups), float(eps), block)
-    if interpreting():
+    if interpreting() or not torch.compiler.is_compiling():
+        # eager: launch directly (the op's dispatch costs microseconds a small batch feels);
+        # the interpreter's kernels cannot go through wrap_triton at all
         return _direct(*args)
     return triton_advantages(*args)

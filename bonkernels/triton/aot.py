@@ -68,26 +68,46 @@ def compile_one(spec: Specialisation, arch: int):
                           options={"num_warps": spec.config.num_warps})
 
 
-def compile_all(archs=(80, 90), specs=None, log=print) -> list[tuple[str, int, str]]:
-    """Compile every specialisation for every arch; returns the failures (describe, arch, error)."""
+def _compile_job(job) -> tuple[bool, str]:
+    """Compile one (specialisation, arch); returns (ok, message). Runs in a worker process."""
+    spec, arch = job
+    start = time.perf_counter()
+    try:
+        compiled = compile_one(spec, arch)
+        if not compiled.asm.get("cubin"):
+            raise RuntimeError("no cubin produced")
+        return True, (f"sm_{arch} {spec.describe()} ({time.perf_counter() - start:.1f} s, "
+                      f"{len(compiled.asm['cubin'])} bytes of cubin)")
+    except Exception as error:  # report every failing specialisation, not just the first
+        return False, f"sm_{arch} {spec.describe()}: {type(error).__name__}: {error}"
+
+
+def compile_all(archs=(80, 90), specs=None, jobs=1, log=print) -> list[str]:
+    """Compile every specialisation for every arch (in `jobs` processes); returns the failures."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    work = [(spec, arch) for spec in (specs if specs is not None else specialisations())
+            for arch in archs]
+    # the most expensive (largest blocks) first, so parallel workers finish together
+    work.sort(key=lambda job: -job[0].config.block)
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            results = pool.imap_unordered(_compile_job, work)
+            return _report(results, log)
+    return _report(map(_compile_job, work), log)
+
+
+def _report(results, log) -> list[str]:
     failures = []
-    for spec in specs if specs is not None else specialisations():
-        for arch in archs:
-            start = time.perf_counter()
-            try:
-                compiled = compile_one(spec, arch)
-                if not compiled.asm.get("cubin"):
-                    raise RuntimeError("no cubin produced")
-                log(f"ok   sm_{arch} {spec.describe()} ({time.perf_counter() - start:.1f} s, "
-                    f"{len(compiled.asm['cubin'])} bytes of cubin)")
-            except Exception as error:  # report every failing specialisation, not just the first
-                message = f"{type(error).__name__}: {error}"
-                # the first failure in full, the rest by their last line (the same error repeats)
-                shown = message if not failures else message.strip().splitlines()[-1]
-                failures.append((spec.describe(), arch, message))
-                log(f"FAIL sm_{arch} {spec.describe()}: {shown}")
+    for ok, message in results:
+        if ok:
+            log(f"ok   {message}")
+        else:
+            # the first failure in full, the others by their last line (errors tend to repeat)
+            log(f"FAIL {message if not failures else message.strip().splitlines()[-1]}")
+            failures.append(message)
     return failures
 
 
@@ -96,12 +116,13 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90])
     parser.add_argument("--dtype", nargs="*", help="only these dtypes (fp16 bf16 fp32 fp64)")
     parser.add_argument("--block", type=int, nargs="*", help="only these blocks")
+    parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     args = parser.parse_args(argv)
     specs = [s for s in specialisations()
              if (not args.dtype or s.dtype_name in args.dtype)
              and (not args.block or s.config.block in args.block)]
     start = time.perf_counter()
-    failures = compile_all(tuple(args.arch), specs)
+    failures = compile_all(tuple(args.arch), specs, jobs=args.jobs)
     print(f"{len(specs) * len(args.arch) - len(failures)} compiled, {len(failures)} failed, "
           f"{time.perf_counter() - start:.0f} s")
     return 1 if failures else 0

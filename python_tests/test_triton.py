@@ -1,0 +1,168 @@
+"""The Triton backend from the ordinary test process: configuration, registration, the interpreter
+suite in a subprocess, and ahead-of-time compilation of every kernel specialisation.
+
+TRITON_INTERPRET must be set before triton is imported and must be unset for real compilation, so
+both the interpreter suite and the compile check run in their own processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from bonkernels import estimators  # noqa: E402
+from bonkernels.triton import _config  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _run(args, env_update, timeout):
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env.update(env_update)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _tail(result, lines=60):
+    return "\n".join((result.stdout + result.stderr).splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------- registry and configuration
+
+def test_kernel_codes_and_rules_agree_with_the_registry():
+    from bonkernels.triton import _advantages_kernel as kernel
+    from bonkernels.triton.advantages import ESTIMATOR_K_RULES, OFFPOLICY_EXACT_CODE
+
+    supported = {e.name: e for e in estimators._ENTRIES if e.name != "maxk_offpolicy_exact"}
+    assert kernel.CODES == {name: e.code for name, e in supported.items()}
+    assert estimators.get("maxk_offpolicy_exact").code == OFFPOLICY_EXACT_CODE
+    for e in supported.values():
+        assert ESTIMATOR_K_RULES[e.code] == (e.uses_k, e.k_margin), e.name
+        assert (e.code >= kernel.FIRST_MEAN_SCALE_CODE_INT) == (e.scale == "mean"), e.name
+    assert kernel.ZSCORE_CONSTANT_RTOL_FLOAT == estimators.ZSCORE_CONSTANT_RTOL
+
+
+@pytest.mark.parametrize("size,block", [(0, 8), (1, 8), (8, 8), (9, 16), (32, 32), (33, 64),
+                                        (1000, 1024), (4096, 4096)])
+def test_group_sizes_bucket_to_powers_of_two(size, block):
+    assert _config.block_for(size) == block
+
+
+def test_groups_beyond_the_largest_block_are_refused():
+    with pytest.raises(ValueError, match=f"at most {_config.MAX_BLOCK}"):
+        _config.block_for(_config.MAX_BLOCK + 1)
+
+
+def test_launch_configs():
+    blocks = _config.all_blocks()
+    assert blocks[0] == _config.MIN_BLOCK and blocks[-1] == _config.MAX_BLOCK
+    for block in blocks:
+        config = _config.config_for_block(block)
+        assert config.block == block and 2 ** config.log2_block == block
+        assert config.groups >= 1 and config.groups & (config.groups - 1) == 0
+        assert config.rank_sort == (block <= _config.RANK_SORT_MAX_BLOCK)
+        assert config.num_warps in (4, 8, 16, 32)
+
+
+def test_specialisations_cover_every_dtype_and_block():
+    from bonkernels.triton.aot import specialisations
+
+    specs = specialisations()
+    assert len(specs) == len(_config.VALUE_DTYPES) * len(_config.all_blocks())
+    assert {s.dtype_name for s in specs} == {"fp16", "bf16", "fp32", "fp64"}
+
+
+def test_float_arguments_travel_as_exact_bits():
+    import struct
+
+    from bonkernels.triton.advantages import float64_bits
+
+    for x in (0.2, -1e-300, 1e-6, math.inf, -math.inf, 0.0, -0.0):
+        assert struct.unpack("<d", struct.pack("<q", float64_bits(x)))[0] == x
+
+
+# ---------------------------------------------------------------- device rules, registration
+
+def test_package_import_does_not_import_triton():
+    result = _run(["-c", "import sys, bonkernels, bonkernels.triton as t; "
+                         "assert t.available(); assert 'triton' not in sys.modules, 'imported'"],
+                  {}, 120)
+    assert result.returncode == 0, _tail(result)
+
+
+@pytest.mark.skipif(INTERPRETING, reason="the interpreter runs CPU tensors")
+def test_cpu_tensors_need_cuda_or_the_interpreter():
+    import bonkernels as bk
+    from bonkernels import triton as bk_triton
+
+    values = torch.rand(6, dtype=torch.float32)
+    offsets = torch.tensor([0, 2, 6])
+    with pytest.raises(ValueError, match="CUDA tensors.*TRITON_INTERPRET=1"):
+        bk_triton.advantages_packed(values, offsets, None, 2, 0, None, -math.inf, math.inf, True,
+                                    0, 1e-6, None)
+    with pytest.raises(ValueError, match="CUDA"):
+        bk.advantages(values.view(2, 3), 2, "maxk", backend="triton")
+
+
+def test_op_is_registered_and_traceable():
+    """torch.export traces through the op (its fake implementation) without running a kernel."""
+    from bonkernels.triton import advantages  # noqa: F401  (registers the op)
+
+    class UsesOp(torch.nn.Module):
+        def forward(self, values, offsets):
+            out = torch.ops.bonkernels.triton_advantages(values, offsets, None, 2, 3, None,
+                                                         -math.inf, math.inf, True, 0, 1e-6, 16)
+            return out * 2
+
+    values = torch.rand(10, dtype=torch.float32)
+    offsets = torch.tensor([0, 4, 10])
+    exported = torch.export.export(UsesOp(), (values, offsets))
+    code = exported.graph_module.code
+    assert "bonkernels.triton_advantages" in code
+    outputs = [n for n in exported.graph.nodes if n.op == "call_function"
+               and "triton_advantages" in str(n.target)]
+    assert outputs[0].meta["val"].shape == values.shape
+    assert outputs[0].meta["val"].dtype == values.dtype
+
+
+# ---------------------------------------------------------------- the subprocess suites
+
+@pytest.mark.skipif(INTERPRETING, reason="the interpreter suite runs in this process already")
+def test_interpreter_suite():
+    """python_tests/test_triton_interpreter.py under TRITON_INTERPRET=1 (about a minute)."""
+    result = _run(["-m", "pytest", "python_tests/test_triton_interpreter.py", "-q",
+                   "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning"],
+                  {"TRITON_INTERPRET": "1"}, 1200)
+    assert result.returncode == 0, _tail(result)
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], \
+        _tail(result)
+
+
+def _compile(args, expected):
+    jobs = max(1, min(4, os.cpu_count() or 1))
+    result = _run(["-m", "bonkernels.triton.aot", *args, "--jobs", str(jobs)], {}, 3600)
+    assert result.returncode == 0, _tail(result)
+    assert f"{expected} compiled, 0 failed" in result.stdout, _tail(result)
+
+
+def test_both_sort_paths_compile_for_sm90():
+    """A quick subset of the check below (about 30 s): every dtype, one block per sort method."""
+    _compile(["--arch", "90", "--block", "16", "64"], len(_config.VALUE_DTYPES) * 2)
+
+
+@pytest.mark.slow  # 80 compilations: 5-10 minutes on 2 cores (the largest blocks cost most)
+def test_every_specialisation_compiles_for_sm80_and_sm90():
+    """triton.compile (no GPU needed) of each (dtype, BLOCK) for sm_80 and sm_90: the interpreter
+    accepts programs that the GPU compiler rejects."""
+    _compile(["--arch", "80", "90"], len(_config.VALUE_DTYPES) * len(_config.all_blocks()) * 2)
