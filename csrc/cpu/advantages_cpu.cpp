@@ -21,6 +21,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
   at::parallel_for(0, num_groups, grain, [&](int64_t g_begin, int64_t g_end) {
     SerialExec ex;
     std::vector<std::pair<double, int32_t>> pairs;
+    std::vector<std::pair<uint64_t, int32_t>> radix_buffer;
     SerialExec::Vec x, delta;
     for (int64_t g = g_begin; g < g_end; ++g) {
       const int64_t base = offsets[g];
@@ -31,7 +32,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       ex.alloc(delta);
       if (pairs.size() < size_t(n)) pairs.resize(n);
       for (int i = 0; i < n; ++i) pairs[i] = {double(values[base + i]), int32_t(i)};
-      sort_pairs(pairs.data(), n);
+      sort_pairs(pairs.data(), n, &radix_buffer);
       for (int s = 0; s < n; ++s) x[s] = pairs[s].first;
       if (off_policy) {
         for (int s = 0; s < n; ++s) {

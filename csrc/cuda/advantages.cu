@@ -285,7 +285,7 @@ struct BlockExec {
       BK_UNROLL
       for (int s = 0; s < ITEMS; ++s) {
         const T t = term(s, first + s + 1);
-        total = op(total, first + s < n ? t : id);
+        total = op(total, select(first + s < n, t, id));
       }
     } else {
       BK_UNROLL
@@ -299,14 +299,14 @@ struct BlockExec {
         for (int s = 0; s < ITEMS; ++s) {
           const T t = term(s, first + s + 1);
           consume(s, first + s + 1, run);
-          run = op(run, first + s < n ? t : id);
+          run = op(run, select(first + s < n, t, id));
         }
       } else {
         BK_UNROLL
         for (int s = ITEMS - 1; s >= 0; --s) {
           const T t = term(s, first + s + 1);
           consume(s, first + s + 1, run);
-          run = op(run, first + s < n ? t : id);
+          run = op(run, select(first + s < n, t, id));
         }
       }
     } else {
@@ -352,7 +352,7 @@ struct BlockExec {
       BK_UNROLL
       for (int s = 0; s < ITEMS; ++s) {
         const T t = term(s, first + s + 1);
-        r = op(r, first + s < n ? t : id);
+        r = op(r, select(first + s < n, t, id));
       }
     } else {
       BK_UNROLL

@@ -256,7 +256,37 @@ void check_rules() {
 
 }  // namespace
 
+// The CPU sorts (insertion, std::sort, radix) against std::sort, with negatives, zeros and ties.
+void check_sorts() {
+  std::mt19937_64 rng(99);
+  std::normal_distribution<double> normal;
+  std::vector<std::pair<uint64_t, int32_t>> buf;
+  for (int n : {0, 1, 2, 5, 24, 25, 100, 129, 1000, 5000}) {
+    std::vector<std::pair<double, int32_t>> a(n);
+    for (int i = 0; i < n; ++i) {
+      const double v = (i % 7 == 0) ? -0.0 : (i % 5 == 0 ? 0.0 : std::round(normal(rng) * 8) / 4);
+      a[i] = {i % 11 == 0 ? 1e300 * (normal(rng) > 0 ? 1 : -1) : v, i};
+    }
+    std::vector<double> want(n);
+    for (int i = 0; i < n; ++i) want[i] = a[i].first;
+    std::sort(want.begin(), want.end());
+    for (int use_radix = 0; use_radix < 2; ++use_radix) {
+      auto b = a;
+      if (use_radix) bk::radix_sort_pairs(b.data(), n, buf);
+      else bk::sort_pairs(b.data(), n);
+      std::vector<int> seen(n, 0);
+      for (int i = 0; i < n; ++i) {
+        expect_close(b[i].first, want[i], 0.0, use_radix ? "radix sort" : "sort_pairs", n, 0, i);
+        expect_close(a[b[i].second].first, b[i].first, 0.0, "sort keeps pairs", n, 0, i);
+        seen[b[i].second]++;
+      }
+      for (int i = 0; i < n; ++i) expect_close(seen[i], 1, 0.0, "sort is a permutation", n, 0, i);
+    }
+  }
+}
+
 int main() {
+  check_sorts();
   std::mt19937_64 rng(12345);
   std::uniform_real_distribution<double> uni(-1.0, 1.0);
   std::uniform_int_distribution<int> level(0, 3);

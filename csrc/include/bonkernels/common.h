@@ -174,6 +174,17 @@ struct MinOp {
   BK_HD double operator()(double a, double b) const { return a < b ? a : b; }
 };
 
+// c ? a : b, component by component (a ternary on structs makes nvcc select between addresses,
+// which puts both operands in local memory).
+BK_HD double select(bool c, double a, double b) { return c ? a : b; }
+template <int M>
+BK_HD DVec<M> select(bool c, const DVec<M>& a, const DVec<M>& b) {
+  DVec<M> r;
+  BK_UNROLL
+  for (int i = 0; i < M; ++i) r.v[i] = c ? a.v[i] : b.v[i];
+  return r;
+}
+
 template <int M>
 BK_HD DVec<M> dvec_zero() {
   DVec<M> r;

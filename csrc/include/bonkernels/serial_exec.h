@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -13,10 +14,53 @@
 
 namespace bk {
 
-// Sort (key, index) pairs ascending by key. Tiny groups use insertion sort (no call overhead);
-// larger ones std::sort, O(n log n). Ties may land in any order: every estimator is tie-invariant.
-inline void sort_pairs(std::pair<double, int32_t>* a, int n) {
-  if (n <= 24) {
+// Group size above which the CPU kernel radix-sorts (measured crossover with std::sort).
+constexpr int kRadixSortMin = 128;
+
+// Doubles as unsigned integers in the same order (flip all bits of negatives, the sign of the rest).
+inline uint64_t orderable_bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof(u));
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+// LSD radix sort of (key, index) pairs by the key's orderable bits, 8 bits per pass; a pass whose
+// digit is the same for every key is skipped (exponent bytes usually are). O(n) per group.
+inline void radix_sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<std::pair<uint64_t, int32_t>>& buf) {
+  if (n <= 1) return;
+  buf.resize(size_t(2) * n);
+  std::pair<uint64_t, int32_t>* src = buf.data();
+  std::pair<uint64_t, int32_t>* dst = buf.data() + n;
+  for (int i = 0; i < n; ++i) src[i] = {orderable_bits(a[i].first), a[i].second};
+  for (int shift = 0; shift < 64; shift += 8) {
+    uint32_t count[256] = {0};
+    for (int i = 0; i < n; ++i) ++count[(src[i].first >> shift) & 0xff];
+    if (count[(src[0].first >> shift) & 0xff] == uint32_t(n)) continue;
+    uint32_t sum = 0;
+    for (int b = 0; b < 256; ++b) {
+      const uint32_t c = count[b];
+      count[b] = sum;
+      sum += c;
+    }
+    for (int i = 0; i < n; ++i) dst[count[(src[i].first >> shift) & 0xff]++] = src[i];
+    std::swap(src, dst);
+  }
+  for (int i = 0; i < n; ++i) {  // back to doubles: the inverse of orderable_bits
+    const uint64_t u = src[i].first;
+    const uint64_t bits = (u >> 63) ? (u & 0x7fffffffffffffffull) : ~u;
+    double d;
+    std::memcpy(&d, &bits, sizeof(d));
+    a[i] = {d, src[i].second};
+  }
+}
+
+// Sort (key, index) pairs ascending by key: insertion sort for tiny groups (no overhead), an O(n)
+// radix sort for large ones, std::sort in between. Ties may land in any order (every estimator is
+// tie-invariant).
+inline void sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<std::pair<uint64_t, int32_t>>* buf = nullptr) {
+  if (buf != nullptr && n > kRadixSortMin) {
+    radix_sort_pairs(a, n, *buf);
+  } else if (n <= 24) {
     for (int i = 1; i < n; ++i) {
       const auto v = a[i];
       int j = i - 1;
