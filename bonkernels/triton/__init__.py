@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from ._config import MAX_BLOCK as MAX_GROUP_SIZE  # larger groups: use another backend
+
 
 def available() -> bool:
     """True when triton is installed (the kernels still need CUDA tensors or the interpreter)."""

@@ -6,6 +6,7 @@ the set of specialisations the op can launch is defined in exactly one place.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,10 +47,12 @@ def block_for(max_group_size: int) -> int:
     return block
 
 
+@functools.lru_cache(maxsize=None)
 def config_for_block(block: int) -> LaunchConfig:
     if block <= RANK_SORT_MAX_BLOCK:
-        # the comparison tile is groups * block * block: keep it at 4096 elements
-        return LaunchConfig(block, max(1, 4096 // (block * block)), True, 4)
+        # The comparison tile is groups * block * block: 2048 elements (16 per thread), which
+        # also keeps programs small enough that G = 1024 groups of 16 fill a GPU (128 programs).
+        return LaunchConfig(block, max(1, 2048 // (block * block)), True, 4)
     # at least 512 elements per program, 2-4 per thread: many warps keep the sort's code small
     # (compile time grows with the elements per thread) and give big groups enough threads
     groups = max(1, 512 // block)
