@@ -373,3 +373,44 @@ def test_oracle_chen_and_bon_rlb_forms():
                 assert [float(v) for v in en] == [float(v) for v in cl], (f, k, pos)
             w_plus, _ = oracle._rlb_weights(n, c, k, positive_only=True)
             assert 0 <= w_plus <= 1  # gbar+ in [0, 1]
+
+
+@pytest.mark.parametrize("name", ["maxk_loo1", "maxk_offpolicy", "bon_rlb", "bon_mean"])
+def test_group_ids_and_padded_layouts_match_enumeration(name):
+    """Scattered group ids (in any order) and a padded [G, n_max] + lengths layout."""
+    rng = random.Random(f"{SEED}-layouts-{name}")
+    k = 2
+    kinds = BINARY_KINDS if name in oracle.BINARY_ONLY else REAL_KINDS
+    groups = [make_rewards(rng, rng.choice(kinds), rng.randint(k, N_MAX)) for _ in range(7)]
+    deltas = [make_deltas(rng, g) for g in groups] if name in oracle.OFF_POLICY else None
+    want = [oracle.expected(name, g, k, "sum", deltas=None if deltas is None else deltas[i])
+            for i, g in enumerate(groups)]
+    # group ids: arbitrary integers, samples interleaved at random
+    ids = rng.sample(range(-50, 50), len(groups))
+    slots = [(gi, j) for gi, g in enumerate(groups) for j in range(len(g))]
+    rng.shuffle(slots)
+    r = torch.tensor([groups[gi][j] for gi, j in slots], dtype=torch.float64)
+    gid = torch.tensor([ids[gi] for gi, _ in slots], dtype=torch.int64)
+    kw = {}
+    if deltas is not None:
+        kw["deltas"] = torch.tensor([deltas[gi][j] for gi, j in slots], dtype=torch.float64)
+    out = bk.advantages(r, k, name, group_ids=gid, scale="sum", backend="torch", **kw).tolist()
+    for (gi, j), a in zip(slots, out):
+        g = groups[gi]
+        assert abs(a - want[gi][j]) <= 1e-12 * (1 + max(abs(v) for v in g) + max(map(abs, want[gi]))), (
+            SEED, name, g, j, a, want[gi][j])
+    # padded: garbage in the tail must not matter, and the tail comes back 0
+    n_max = max(len(g) for g in groups)
+    pad = torch.full((len(groups), n_max), 123.0, dtype=torch.float64)
+    dpad = torch.full_like(pad, 0.5)
+    for gi, g in enumerate(groups):
+        pad[gi, :len(g)] = torch.tensor(g, dtype=torch.float64)
+        if deltas is not None:
+            dpad[gi, :len(g)] = torch.tensor(deltas[gi], dtype=torch.float64)
+    kw = {"deltas": dpad} if deltas is not None else {}
+    lengths = torch.tensor([len(g) for g in groups])
+    out = bk.advantages(pad, k, name, lengths=lengths, scale="sum", backend="torch", **kw)
+    for gi, g in enumerate(groups):
+        assert_group_close(out[gi, :len(g)].tolist(), want[gi], g, "sum",
+                           None if deltas is None else deltas[gi], f"padded {name}")
+        assert torch.all(out[gi, len(g):] == 0)

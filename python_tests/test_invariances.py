@@ -372,3 +372,35 @@ def test_loo1_is_nonnegative_and_binary_closed_form():
             want = [oracle.comb(n - c, k - 1) / oracle.comb(n, k) if v else 0.0 for v in f]
             np.testing.assert_allclose(out[off[i]:off[i + 1]], want, rtol=1e-13, atol=1e-15,
                                        err_msg=f"seed={SEED} f={f} k={k}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", oracle.ALL_ESTIMATORS)
+def test_low_precision_is_the_float64_value_rounded(name, dtype):
+    """conventions.md: arithmetic in float64, then one cast. So the output is the oracle's value on
+    the (exactly upcast) low-precision inputs, rounded once: within one unit of rounding."""
+    rng = random.Random(f"{SEED}-lowp-{name}-{dtype}")
+    unit = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}[dtype]
+    tiny = {torch.float16: 6e-8, torch.bfloat16: 1e-38, torch.float32: 1e-38}[dtype]
+    for k in (1, 2, 3):
+        groups, deltas = random_batch(rng, name, range(1, 9), k)
+        r, off, d = pack(groups, deltas, dtype=dtype)
+        seen = r.to(F64)  # what the op really gets
+        seen_d = None if d is None else d.to(F64)
+        for scale in ("sum", "mean"):
+            out = adv(r, k, name, offsets=off, deltas=d, scale=scale)
+            assert out.dtype == dtype
+            out = out.to(F64)
+            for i in range(len(groups)):
+                a, b = int(off[i]), int(off[i + 1])
+                g = seen[a:b].tolist()
+                dl = None if seen_d is None else seen_d[a:b].tolist()
+                want = np.array(oracle.expected(name, g, k, scale, deltas=dl))
+                got = out[a:b].numpy()
+                # one rounding to dtype, on top of the float64 rounding of the computation itself
+                mult = len(g) if scale == "mean" else 1
+                f64 = 1e-13 * (np.max(np.abs(want)) + max(abs(v) for v in g) * mult)
+                tol = 2 * unit * np.abs(want) + tiny + f64 + zscore_noise(name, g, k, scale, 1e-6)
+                assert np.all(np.abs(got - want) <= tol), (
+                    f"seed={SEED} {name} {dtype} k={k} {scale} rewards={g} deltas={dl}\n"
+                    f"got={got.tolist()}\nwant={want.tolist()}")
