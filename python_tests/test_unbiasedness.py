@@ -6,6 +6,7 @@ E[sum_i A_i grad log pi(x_i)] (sum scale), which must equal grad E[max of k draw
 estimator the spec calls unbiased, and must be measurably off for the ones it calls biased.
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -65,6 +66,20 @@ def test_expected_max_matches_multiset_enumeration(k):
     brute = float(np.dot(probs, np.asarray(CONTINUOUS)[draws].max(axis=1)))
     assert math.isclose(brute, expected_max(THETA, CONTINUOUS, k), rel_tol=1e-13)
     assert math.isclose(probs.sum(), 1.0, rel_tol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["maxk_loo1", "bon_max_second"])
+def test_multiset_harness_matches_ordered_tuples(name):
+    """The multiset expectation equals the plain one over all 5^n ordered draws."""
+    n, k = 4, 2
+    pi = policy(THETA)
+    tuples = np.array(list(itertools.product(range(len(pi)), repeat=n)))
+    probs = np.prod(pi[tuples], axis=1)
+    g = torch.tensor(np.asarray(CONTINUOUS)[tuples], dtype=torch.float64)
+    A = bk.advantages(g, k, name, scale="sum", backend="torch").numpy()
+    brute = np.einsum("m,mi,mij->j", probs, A, np.eye(len(pi))[tuples] - pi)
+    np.testing.assert_allclose(expected_gradient(name, CONTINUOUS, THETA, n, k), brute,
+                               rtol=1e-12, atol=1e-15)
 
 
 # --------------------------------------------------------------------------------------------
