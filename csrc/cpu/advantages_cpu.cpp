@@ -5,6 +5,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "bonkernels/serial_exec.h"
@@ -31,8 +32,19 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       ex.alloc(x);
       ex.alloc(delta);
       if (pairs.size() < size_t(n)) pairs.resize(n);
-      for (int i = 0; i < n; ++i) pairs[i] = {double(values[base + i]), int32_t(i)};
-      sort_pairs(pairs.data(), n, &radix_buffer);
+      if (!std::is_same<scalar_t, double>::value && n <= kNetworkSortMax) {
+        uint64_t packed[kNetworkSortMax];  // float bits and index in one word: a branch-free network
+        for (int i = 0; i < n; ++i)
+          packed[i] = (uint64_t(orderable_bits32(float(values[base + i]))) << 32) | uint32_t(i);
+        network_sort_packed(packed, n);
+        for (int s = 0; s < n; ++s) {
+          const int32_t i = int32_t(uint32_t(packed[s]));
+          pairs[s] = {double(values[base + i]), i};
+        }
+      } else {
+        for (int i = 0; i < n; ++i) pairs[i] = {double(values[base + i]), int32_t(i)};
+        sort_pairs(pairs.data(), n, &radix_buffer);
+      }
       for (int s = 0; s < n; ++s) x[s] = pairs[s].first;
       if (off_policy) {
         for (int s = 0; s < n; ++s) {
@@ -43,9 +55,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
           }
           delta[s] = dl;
         }
-      } else {
-        for (int s = 0; s < n; ++s) delta[s] = 0.0;
-      }
+      }  // (only the off-policy estimators read delta)
       compute_group(ex, p, x, delta);
       const double* v = ex.values();
       for (int s = 0; s < n; ++s) out[base + pairs[s].second] = static_cast<scalar_t>(v[s]);

@@ -283,6 +283,25 @@ void check_sorts() {
       for (int i = 0; i < n; ++i) expect_close(seen[i], 1, 0.0, "sort is a permutation", n, 0, i);
     }
   }
+  for (int n = 1; n <= bk::kNetworkSortMax; ++n) {  // the packed float network of the CPU kernel
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = (rep % 2) ? float(std::round(normal(rng) * 2) / 2) : float(normal(rng));
+      if (n > 2) v[1] = -0.0f, v[2] = 0.0f;
+      uint64_t k[bk::kNetworkSortMax];
+      for (int i = 0; i < n; ++i) k[i] = (uint64_t(bk::orderable_bits32(v[i])) << 32) | uint32_t(i);
+      bk::network_sort_packed(k, n);
+      std::vector<float> want = v;
+      std::sort(want.begin(), want.end());
+      std::vector<int> seen(n, 0);
+      for (int s = 0; s < n; ++s) {
+        const int i = int(uint32_t(k[s]));
+        expect_close(v[i], want[s], 0.0, "network sort", n, 0, s);
+        seen[i]++;
+      }
+      for (int i = 0; i < n; ++i) expect_close(seen[i], 1, 0.0, "network sort is a permutation", n, 0, i);
+    }
+  }
 }
 
 int main() {

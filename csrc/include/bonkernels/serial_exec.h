@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -54,13 +55,47 @@ inline void radix_sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<s
   }
 }
 
-// Sort (key, index) pairs ascending by key: insertion sort for tiny groups (no overhead), an O(n)
-// radix sort for large ones, std::sort in between. Ties may land in any order (every estimator is
+// Small groups of float/half/bfloat16 values: the float's orderable bits and the index packed in
+// one uint64, sorted by a bitonic network over W = 8, 16 or 32 slots (padded with ~0). Every
+// compare-exchange is a branch-free min/max; comparison sorts mispredict on random keys.
+constexpr int kNetworkSortMax = 32;
+
+inline uint32_t orderable_bits32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+template <int W>
+inline void network_sort_u64(uint64_t* k) {
+  for (int size = 2; size <= W; size <<= 1)
+    for (int stride = size / 2; stride > 0; stride >>= 1)
+      for (int i = 0; i < W; ++i) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool ascending = (i & size) == 0;
+          const uint64_t a = k[i], b = k[j];
+          const uint64_t lo = a < b ? a : b, hi = a < b ? b : a;
+          k[i] = ascending ? lo : hi;
+          k[j] = ascending ? hi : lo;
+        }
+      }
+}
+
+// Sorts the packed keys k[0..n) (n <= kNetworkSortMax; k needs room for the padded width).
+inline void network_sort_packed(uint64_t* k, int n) {
+  const int W = n <= 8 ? 8 : (n <= 16 ? 16 : 32);
+  for (int i = n; i < W; ++i) k[i] = ~uint64_t(0);
+  if (W == 8) network_sort_u64<8>(k);
+  else if (W == 16) network_sort_u64<16>(k);
+  else network_sort_u64<32>(k);
+}
+
+// Sort (key, index) pairs ascending by key: insertion sort for tiny groups, std::sort up to
+// kRadixSortMin, an O(n) radix sort beyond. Ties may land in any order (every estimator is
 // tie-invariant).
 inline void sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<std::pair<uint64_t, int32_t>>* buf = nullptr) {
-  if (buf != nullptr && n > kRadixSortMin) {
-    radix_sort_pairs(a, n, *buf);
-  } else if (n <= 24) {
+  if (n <= 24) {
     for (int i = 1; i < n; ++i) {
       const auto v = a[i];
       int j = i - 1;
@@ -70,6 +105,8 @@ inline void sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<std::pa
       }
       a[j + 1] = v;
     }
+  } else if (buf != nullptr && n > kRadixSortMin) {
+    radix_sort_pairs(a, n, *buf);
   } else {
     std::sort(a, a + n, [](const std::pair<double, int32_t>& l, const std::pair<double, int32_t>& r) {
       return l.first < r.first;
@@ -90,6 +127,7 @@ class SerialExec {
   void begin_group(int group_size) {
     n = group_size;
     used_ = 0;
+    group_clock_ = ++clock_;
     const size_t need = size_t(kMaxVecs) * size_t(n > 0 ? n : 1);
     if (arena_.size() < need) arena_.resize(need);
     if (values_.size() < size_t(n)) values_.resize(n);
@@ -130,59 +168,68 @@ class SerialExec {
     return run;
   }
 
-  // d^(N,K) at each rank j = 1..n (and at j - 1 into prev), from a per-thread cache.
-  void weights(int N, int K, Vec& at) { fill_weights(N, K, at, nullptr); }
-  void weights2(int N, int K, Vec& at, Vec& prev) { fill_weights(N, K, at, &prev); }
-
- private:
-  void fill_weights(int N, int K, Vec& at, Vec* prev) {
-    const std::vector<double>& t = table(N, K);  // t[m] = d^(N,K)_m, m = 0..N+1 (0 outside 1..N)
-    for (int s = 0; s < n; ++s) {
-      const int j = s + 1;
-      at[s] = j <= N ? t[j] : 0.0;
-      if (prev) (*prev)[s] = (j - 1 >= 1 && j - 1 <= N) ? t[j - 1] : 0.0;
-    }
+  // d^(N,K) at each rank j = 1..n (and at j - 1 into prev): views into a per-thread cache of
+  // tables (no copy; group_math only reads them). N >= n - 1 in every use, so t[j] exists.
+  void weights(int N, int K, Vec& at) { at.p = table(N, K) + 1; }
+  void weights2(int N, int K, Vec& at, Vec& prev) {
+    prev.p = table(N, K);
+    at.p = prev.p + 1;
   }
 
-
- public:
   // Final values in sorted order; the caller scatters them back.
   void emit(int s, double v) { values_[s] = v; }
   const double* values() const { return values_.data(); }
 
  private:
   static constexpr int kMaxVecs = 8;
+  static constexpr size_t kCacheEntries = 6;
 
-  // The downward recurrence of spec 0.1 in the reference's order: d_N = K/N, d_{j-1} = d_j f_j.
-  const std::vector<double>& table(int N, int K) {
+  // t[m] = d^(N,K)_m for m = 0..max(N, n)+1 (0 outside 1..N), by the downward recurrence of spec
+  // 0.1 in the reference's order: d_N = K/N, d_{j-1} = d_j f_j. The least recently used table is
+  // evicted, never one the current group already holds a view of.
+  double* table(int N, int K) {
+    ++clock_;
+    const size_t len = size_t(std::max(N, n) > 0 ? std::max(N, n) : 0) + 2;
     for (auto& e : cache_)
-      if (e.N == N && e.K == K) return e.d;
-    if (cache_.size() >= 4) cache_.erase(cache_.begin());
-    Entry e;
-    e.N = N;
-    e.K = K;
-    e.d.assign(size_t(N > 0 ? N : 0) + 2, 0.0);
+      if (e->N == N && e->K == K && e->d.size() >= len) {
+        e->used = clock_;
+        return e->d.data();
+      }
+    if (cache_.size() >= kCacheEntries) {
+      size_t victim = 0;
+      for (size_t i = 1; i < cache_.size(); ++i)
+        if (cache_[i]->used < cache_[victim]->used) victim = i;
+      if (cache_[victim]->used < group_clock_) cache_.erase(cache_.begin() + victim);
+    }
+    auto e = std::make_unique<Entry>();
+    e->N = N;
+    e->K = K;
+    e->used = clock_;
+    e->d.assign(len, 0.0);
     if (N >= 1 && K >= 1) {
       const double top = double(K) / double(N);
       double prod = 1.0;
       for (int j = N; j >= 1; --j) {
         const double v = top * prod;
-        e.d[j] = v > 0.0 ? v : 0.0;
+        e->d[j] = v > 0.0 ? v : 0.0;
         prod *= table_factor(j, N, K);
       }
     }
     cache_.push_back(std::move(e));
-    return cache_.back().d;
+    return cache_.back()->d.data();
   }
 
   struct Entry {
     int N, K;
+    uint64_t used;
     std::vector<double> d;
   };
   std::vector<double> arena_;
   std::vector<double> values_;
-  std::vector<Entry> cache_;
+  std::vector<std::unique_ptr<Entry>> cache_;
   size_t used_ = 0;
+  uint64_t clock_ = 0;
+  uint64_t group_clock_ = 0;  // clock_ when the current group began
 };
 
 }  // namespace bk
