@@ -181,7 +181,13 @@ def _add_element(state: torch.Tensor, r: torch.Tensor, p: int, m: torch.Tensor) 
     """Symmetric means of a p-element set -> of the set plus r (batched over the leading dims)."""
     p1 = p + 1
     lower = F.pad(state[..., :-1], (1, 0))
-    return ((p1 - m) / p1) * state + (m / p1) * r * lower
+    return flush_subnormal(((p1 - m) / p1) * state + (m / p1) * r * lower)
+
+
+def flush_subnormal(t: torch.Tensor) -> torch.Tensor:
+    """Zero values below float64's normal range: products of many small ratios get there, they are
+    far below the result's resolution, and subnormal arithmetic is about 100x slower on CPUs."""
+    return t.masked_fill(t.abs() < torch.finfo(torch.float64).tiny, 0.0)
 
 
 def offpolicy_exact_weights_sorted(sg: SortedGroups, k: torch.Tensor):
@@ -222,7 +228,8 @@ def offpolicy_exact_weights_sorted(sg: SortedGroups, k: torch.Tensor):
         p1 = (p + 1).clamp(min=1)
         lower = F.pad(state[..., :-1], (1, 0))
         rj = r[:, jj][:, :, None]
-        state = torch.where(live[None, :, None], ((p1 - m) / p1) * state + (m / p1) * rj * lower, state)
+        state = torch.where(live[None, :, None], flush_subnormal(((p1 - m) / p1) * state + (m / p1) * rj * lower),
+                            state)
     off_diag = torch.where(k[:, None] >= 2, off_diag, torch.zeros_like(off_diag))
     scale = c ** k.to(torch.float64)[:, None]
     weights = sg.masked(scale * r * (diag + off_diag))
