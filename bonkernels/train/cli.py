@@ -37,6 +37,12 @@ underscores (e.g. {"estimator": "grpo", "ppo_epochs": 3}); flags given on the co
 """
 
 
+def _floats(text) -> list:
+    if isinstance(text, (list, tuple)):
+        return [float(x) for x in text]
+    return [float(x) for x in str(text).split(",")]
+
+
 def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bonkernels.train", description=DESCRIPTION, epilog=EPILOG,
@@ -54,6 +60,8 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
         help=f"built-in ({', '.join(BUILTIN_MODELS)}) or a local HF checkpoint directory")
     add("--task", default="synth", choices=TASKS, help="synth (embedded) or humaneval")
     add("--task-seed", type=int, default=1234, help="seed of the synthetic problem generator")
+    add("--synth-depth-weights", type=_floats, default=None,
+        help="synth: relative weights of 1, 2, 3, ... instruction programs (default 0.25,0.45,0.3)")
     add("--reward", default="fraction", choices=("fraction", "binary"),
         help="fraction of hidden tests passed (continuous) or 1 only if all pass")
     add("--sandbox-timeout", type=float, default=5.0, help="seconds per HumanEval program")

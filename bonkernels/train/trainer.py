@@ -116,6 +116,7 @@ def _prepare_model(cfg, task, dist: Dist, log):
         log(f"initialised from {cfg.init_from}")
     elif cfg.warmstart_steps > 0:
         key = warm_start_key({"model": cfg.model, "task": cfg.task, "task_seed": cfg.task_seed,
+                              "depths": cfg.synth_depth_weights,
                               "steps": cfg.warmstart_steps, "batch": cfg.warmstart_batch_size,
                               "lr": cfg.warmstart_lr, "init_seed": cfg.init_seed})
         cache = os.path.join(cfg.warmstart_cache, f"warmstart-{key}.pt") if cfg.warmstart_cache else None
@@ -210,7 +211,7 @@ def run(cfg) -> dict:
     resume_state = ckpt.load(ckpt_path) if cfg.resume and os.path.exists(ckpt_path) else None
 
     task = make_task(cfg.task, seed=cfg.task_seed, sandbox_timeout=cfg.sandbox_timeout,
-                     workers=cfg.sandbox_workers)
+                     workers=cfg.sandbox_workers, synth_depth_weights=cfg.synth_depth_weights)
     if resume_state is None:
         model, tokenizer = _prepare_model(cfg, task, dist, log)
     else:

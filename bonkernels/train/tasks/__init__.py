@@ -26,12 +26,15 @@ class Problem:
 TASKS = ("synth", "humaneval")
 
 
-def make_task(name: str, *, seed: int = 1234, sandbox_timeout: float = 5.0, workers: int = 2):
+def make_task(name: str, *, seed: int = 1234, sandbox_timeout: float = 5.0, workers: int = 2,
+              synth_depth_weights=None):
     """Build a task by name."""
     if name == "synth":
         from .synth import SynthTask
 
-        return SynthTask(seed=seed)
+        if synth_depth_weights is None:
+            return SynthTask(seed=seed)
+        return SynthTask(seed=seed, depth_weights=synth_depth_weights)
     if name == "humaneval":
         from .humaneval import HumanEvalTask
 

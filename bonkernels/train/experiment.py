@@ -1,0 +1,258 @@
+"""The pass@k experiment: several estimators x seeds from one shared warm start, then a table and
+plots of pass@k / max@k with the spread over seeds.
+
+    python -m bonkernels.train.experiment --config experiments/passk/config.json \\
+        --out experiments/passk --runs runs/passk --jobs 2
+
+Each run is ``python -m bonkernels.train`` in its own process (``--threads 1``, ``--jobs`` at a
+time), logging to RUNS/<name>/log.txt; finished runs are skipped and interrupted ones resumed, so
+the command can simply be started again. The warm start is computed once (a first run with
+``--steps 0``, which also evaluates the base policy) and cached for the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from . import checkpoint as ckpt
+
+DEFAULT_ARMS = ("grpo", "maxk_loo1", "maxk_offpolicy:--ppo-epochs=3")
+
+
+def parse_arm(text: str) -> tuple[str, str, list[str]]:
+    """'maxk_offpolicy:--ppo-epochs=3' -> (label, estimator, extra flags)."""
+    estimator, *extra = text.split(":")
+    flags = [f for part in extra for f in part.split(",") if f]
+    label = estimator + ("".join(" " + f.lstrip("-") for f in flags) if flags else "")
+    return label, estimator, flags
+
+
+def _launch(args: list[str], log_path: str):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    log = open(log_path, "a")
+    return subprocess.Popen([sys.executable, "-m", "bonkernels.train", *args], stdout=log,
+                            stderr=subprocess.STDOUT, env=env), log
+
+
+def _finished(run_dir: str, steps: int) -> bool:
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        final = json.load(f).get("final") or {}
+    return final.get("step") == steps
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bonkernels.train.experiment",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="settings shared by every run (JSON)")
+    p.add_argument("--out", required=True, help="where the table, plots and results.json go")
+    p.add_argument("--runs", default="runs/passk", help="per-run directories (checkpoints, logs)")
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
+                   help="estimator[:flag=value,...] per arm")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args(argv)
+
+    with open(args.config) as f:
+        settings = json.load(f)
+    steps = int(settings["steps"])
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.runs, exist_ok=True)
+    cache = os.path.join(args.runs, "warmstart-cache")
+    common = ["--config", args.config, "--warmstart-cache", cache, "--threads", "1",
+              "--progress", "off", "--no-export"]
+    start = time.time()
+
+    base_dir = os.path.join(args.runs, "warmstart")
+    if not _finished(base_dir, 0):
+        os.makedirs(base_dir, exist_ok=True)
+        print("warm start (shared by every run) ...", flush=True)
+        proc, log = _launch([*common, "--steps", "0", "--eval-every", "1", "--out", base_dir,
+                             "--no-plots"], os.path.join(base_dir, "log.txt"))
+        if proc.wait() != 0:
+            raise SystemExit(f"the warm start failed; see {base_dir}/log.txt")
+        log.close()
+    print(f"warm start ready ({time.time() - start:.0f} s)", flush=True)
+
+    queue = []
+    for arm in args.arms:
+        label, estimator, flags = parse_arm(arm)
+        for seed in args.seeds:
+            name = f"{estimator}{''.join(f.replace('--', '_').replace('=', '') for f in flags)}-s{seed}"
+            run_dir = os.path.join(args.runs, name)
+            if _finished(run_dir, steps):
+                continue
+            os.makedirs(run_dir, exist_ok=True)
+            resume = ["--resume"] if os.path.exists(os.path.join(run_dir, "checkpoint.pt")) else []
+            queue.append((name, [*common, "--estimator", estimator, "--seed", str(seed),
+                                 "--out", run_dir, *flags, *resume]))
+    running = []
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            name, run_args = queue.pop(0)
+            proc, log = _launch(run_args, os.path.join(args.runs, name, "log.txt"))
+            running.append((name, proc, log))
+            print(f"[{time.time() - start:5.0f} s] started {name}", flush=True)
+        time.sleep(1.0)
+        for item in list(running):
+            name, proc, log = item
+            if proc.poll() is not None:
+                log.close()
+                running.remove(item)
+                status = "done" if proc.returncode == 0 else f"FAILED ({proc.returncode})"
+                print(f"[{time.time() - start:5.0f} s] {status} {name}", flush=True)
+    results = collect(args.runs, args.arms, args.seeds, steps)
+    results["settings"] = settings
+    results["wall_seconds_this_invocation"] = time.time() - start
+    ckpt.atomic_write_json(results, os.path.join(args.out, "results.json"))
+    table = results_table(results)
+    ckpt.atomic_write_bytes(os.path.join(args.out, "results.md"), table.encode())
+    plot_results(results, os.path.join(args.out, "pass_at_k.png"))
+    plot_curves(args.runs, args.arms, args.seeds, os.path.join(args.out, "training_curves.png"))
+    print(table)
+    return 0
+
+
+def _read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def collect(runs: str, arms, seeds, steps: int) -> dict:
+    base = _read_json(os.path.join(runs, "warmstart", "summary.json"))["final"]
+    ks = sorted(int(key.split("@")[1]) for key in base if key.startswith("pass@"))
+    out = {"ks": ks, "warm_start": base, "arms": {}}
+    for arm in arms:
+        label, estimator, flags = parse_arm(arm)
+        finals = []
+        for seed in seeds:
+            name = f"{estimator}{''.join(f.replace('--', '_').replace('=', '') for f in flags)}-s{seed}"
+            path = os.path.join(runs, name, "summary.json")
+            if os.path.exists(path) and _finished(os.path.join(runs, name), steps):
+                finals.append(_read_json(path)["final"])
+        out["arms"][label] = {"seeds": len(finals), "finals": finals}
+    return out
+
+
+def _mean_sd(values):
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def results_table(results: dict) -> str:
+    ks = results["ks"]
+    show = [k for k in ks if k in (1, 4, max(ks))] or ks
+    cols = [f"pass@{k}" for k in show] + [f"max@{k}" for k in show] + ["reward_mean"]
+    lines = ["| arm | seeds | " + " | ".join(cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    base = results["warm_start"]
+    lines.append("| warm start (before RL) | - | " + " | ".join(f"{base[c]:.3f}" for c in cols) + " |")
+    for label, arm in results["arms"].items():
+        cells = []
+        for c in cols:
+            m, s = _mean_sd([f[c] for f in arm["finals"]])
+            cells.append(f"{m:.3f} ± {s:.3f}")
+        lines.append(f"| {label} | {arm['seeds']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Mean ± sample standard deviation over seeds, on the same held-out prompts "
+                 f"({base['num_prompts']} prompts, pass@k / max@k by the unbiased estimators).")
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = results["ks"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric in zip(axes, ("pass", "max")):
+        base = results["warm_start"]
+        ax.plot(ks, [base[f"{metric}@{k}"] for k in ks], "k--", marker="o", label="warm start")
+        for label, arm in results["arms"].items():
+            if not arm["finals"]:
+                continue
+            stats = [_mean_sd([f[f"{metric}@{k}"] for f in arm["finals"]]) for k in ks]
+            means = [m for m, _ in stats]
+            sds = [s for _, s in stats]
+            line, = ax.plot(ks, means, marker="o", label=f"{label} ({arm['seeds']} seeds)")
+            ax.fill_between(ks, [m - s for m, s in zip(means, sds)],
+                            [m + s for m, s in zip(means, sds)], color=line.get_color(), alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("k")
+        ax.set_ylabel(f"{metric}@k")
+        ax.set_title(f"{metric}@k after RL (mean ± sd over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(runs: str, arms, seeds, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for arm in arms:
+        label, estimator, flags = parse_arm(arm)
+        per_seed = []
+        for seed in seeds:
+            name = f"{estimator}{''.join(f.replace('--', '_').replace('=', '') for f in flags)}-s{seed}"
+            mpath = os.path.join(runs, name, "metrics.jsonl")
+            if os.path.exists(mpath):
+                with open(mpath) as f:
+                    per_seed.append([json.loads(line) for line in f if line.strip()])
+        if not per_seed:
+            continue
+        color = None
+        for i, records in enumerate(per_seed):
+            train = [r for r in records if r["kind"] == "train"]
+            evals = [r for r in records if r["kind"] == "eval"]
+            kmax = max(int(key.split("@")[1]) for key in evals[-1] if key.startswith("pass@"))
+            kw = {"label": label if i == 0 else None, "alpha": 0.8}
+            if color:
+                kw["color"] = color
+            line, = axes[0].plot([r["step"] for r in train], _smooth([r["reward_mean"] for r in train]), **kw)
+            color = line.get_color()
+            kw["color"] = color
+            axes[1].plot([r["step"] for r in evals], [r["pass@1"] for r in evals], marker="o", ms=3, **kw)
+            axes[2].plot([r["step"] for r in evals], [r[f"pass@{kmax}"] for r in evals], marker="o", ms=3, **kw)
+    axes[0].set_title("training reward (smoothed)")
+    axes[1].set_title("eval pass@1")
+    axes[2].set_title("eval pass@k, largest k")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _smooth(values, width: int = 9):
+    out = []
+    for i in range(len(values)):
+        window = values[max(0, i - width + 1):i + 1]
+        out.append(sum(window) / len(window))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
