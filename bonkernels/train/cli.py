@@ -64,6 +64,8 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
         help="synth: relative weights of 1, 2, 3, ... instruction programs (default 0.25,0.45,0.3)")
     add("--reward", default="fraction", choices=("fraction", "binary"),
         help="fraction of hidden tests passed (continuous) or 1 only if all pass")
+    add("--max-new-tokens", type=int, default=None,
+        help="completion length limit (default: the task's, 8 for synth, 256 for humaneval)")
     add("--sandbox-timeout", type=float, default=5.0, help="seconds per HumanEval program")
     add("--sandbox-workers", type=int, default=2, help="HumanEval programs run in parallel")
     # RL

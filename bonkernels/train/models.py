@@ -27,7 +27,7 @@ BUILTIN_MODELS = {
 }
 
 
-def build_builtin(name: str, tokenizer: CharTokenizer, max_positions: int = 512):
+def build_builtin(name: str, tokenizer: CharTokenizer, max_positions: int = 4096):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     arch, fields = BUILTIN_MODELS[name]

@@ -15,10 +15,10 @@ _SPECIALS = ("<pad>", "<bos>", "<eos>")
 
 
 class CharTokenizer:
-    """One token per character: the three specials, then printable ASCII, newline and tab.
+    """One token per character: three specials, then printable ASCII, newline and tab.
 
     Built from nothing, so the built-in models need no download. Characters outside the
-    alphabet raise ValueError (the embedded task only uses printable ASCII).
+    alphabet are encoded as '?' (a few HumanEval prompts use '≤' or '➞'); decode drops specials.
     """
 
     def __init__(self, alphabet: str | None = None):
@@ -28,14 +28,16 @@ class CharTokenizer:
             raise ValueError("the alphabet has repeated characters")
         self.alphabet = alphabet
         self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self.unknown_id = self._index_of(alphabet, "?")
         self._index = {ch: i + len(_SPECIALS) for i, ch in enumerate(alphabet)}
         self.vocab_size = len(_SPECIALS) + len(alphabet)
 
+    @staticmethod
+    def _index_of(alphabet: str, ch: str) -> int:
+        return len(_SPECIALS) + alphabet.index(ch) if ch in alphabet else len(_SPECIALS)
+
     def encode(self, text: str) -> list[int]:
-        try:
-            return [self._index[ch] for ch in text]
-        except KeyError as err:
-            raise ValueError(f"character {err.args[0]!r} is not in the tokenizer's alphabet") from None
+        return [self._index.get(ch, self.unknown_id) for ch in text]
 
     def decode(self, ids) -> str:
         out = []

@@ -212,6 +212,8 @@ def run(cfg) -> dict:
 
     task = make_task(cfg.task, seed=cfg.task_seed, sandbox_timeout=cfg.sandbox_timeout,
                      workers=cfg.sandbox_workers, synth_depth_weights=cfg.synth_depth_weights)
+    if cfg.max_new_tokens:
+        task.max_new_tokens = cfg.max_new_tokens
     if resume_state is None:
         model, tokenizer = _prepare_model(cfg, task, dist, log)
     else:
