@@ -104,8 +104,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
     layout_kwargs = _group_layout(B, offsets, group_size, group_ids, rewards.device)
 
     valid = _valid_mask(mask, logp)
-    if check_inputs:
-        _check_values(logp, old_logp, ref_logp, mask, valid)
+    # all_finite: every log-prob (masked-out ones included) is finite, so the fused path may mask
+    # by multiplying instead of the slower where (which it needs when NaN may hide under the mask)
+    all_finite = _check_values(logp, old_logp, ref_logp, mask, valid) if check_inputs else False
 
     deltas = None
     if est.needs_deltas:
@@ -122,7 +123,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
     compute_dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
     tokens = valid.sum(-1).to(compute_dtype)
     row_w = _row_weights(tokens, loss_agg)
-    params = _LossParams(weighting == "ppo", clip_lo, clip_hi, float(kl_coef), ref_logp is not None)
+    params = _LossParams(weighting == "ppo", clip_lo, clip_hi, float(kl_coef), ref_logp is not None, all_finite)
 
     impl = _select_backend(backend, logp)
     loss, sums = impl(logp, old_logp, ref_logp, valid, adv.to(compute_dtype), row_w, params)
@@ -146,9 +147,10 @@ def sequence_deltas(logp: torch.Tensor, old_logp: torch.Tensor, valid: torch.Ten
 class _LossParams:
     """The scalar settings every backend needs."""
 
-    def __init__(self, ppo: bool, clip_lo: float, clip_hi: float, kl_coef: float, has_ref: bool):
+    def __init__(self, ppo: bool, clip_lo: float, clip_hi: float, kl_coef: float, has_ref: bool,
+                 all_finite: bool = False):
         self.ppo, self.clip_lo, self.clip_hi = ppo, clip_lo, clip_hi
-        self.kl_coef, self.has_ref = kl_coef, has_ref
+        self.kl_coef, self.has_ref, self.all_finite = kl_coef, has_ref, all_finite
 
 
 def _check_options(est, k, weighting, loss_agg, backend, kl_coef, ref_logp, clamp_delta) -> None:
@@ -232,7 +234,8 @@ def _valid_mask(mask, logp) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def _check_values(logp, old_logp, ref_logp, mask, valid) -> None:
+def _check_values(logp, old_logp, ref_logp, mask, valid) -> bool:
+    """Raise on non-finite log-probs inside the mask; return True when every value is finite."""
     if mask is not None and mask.dtype != torch.bool:
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must hold only 0 and 1")
@@ -241,13 +244,14 @@ def _check_values(logp, old_logp, ref_logp, mask, valid) -> None:
     # finite. Otherwise look for non-finite values inside the mask (outside it they are allowed).
     total = sum(t.detach().sum(dtype=torch.float64) for _, t in named)
     if bool(torch.isfinite(total)):
-        return
+        return True
     for name, t in named:
         bad = valid & ~torch.isfinite(t.detach())
         if bool(bad.any()):
             i, j = (int(v) for v in bad.nonzero()[0])
             raise ValueError(f"{name}[{i}, {j}] = {float(t[i, j])} is not finite (a token inside the mask); "
                              "log-probs of masked-out tokens may be anything")
+    return False
 
 
 def _row_weights(tokens: torch.Tensor, loss_agg: str) -> torch.Tensor:
@@ -354,7 +358,7 @@ def token_terms(lp, old, ref, valid, A, w, p: _LossParams):
     mask into that product, so masked tokens give 0 loss, 0 gradient and no clipped count.
     """
     limit = LOG_RATIO_LIMIT
-    weight = torch.where(valid, -A * w, 0.0)        # -A_i w_i on valid tokens, 0 elsewhere
+    weight = valid * (-A * w)                       # -A_i w_i on valid tokens, 0 elsewhere
     raw = lp - old                                  # 0 on masked tokens
     if p.ppo:
         ratio = raw.clamp(-limit, limit).exp_()
@@ -377,11 +381,13 @@ def token_terms(lp, old, ref, valid, A, w, p: _LossParams):
         d_raw = ref - lp
         d = d_raw.clamp(-limit, limit)
         e = torch.exp(d)
-        kl = torch.where(valid, e - d - 1.0, 0.0)
+        kl = e - d - 1.0                            # exactly 0 on masked tokens (ref = lp = 0 there)
         k3 = kl.sum()
         if p.kl_coef:
-            loss_sum = loss_sum + (p.kl_coef * kl * w).sum()
-            slope = torch.where(valid & (d_raw.abs() <= limit), (1.0 - e) * (p.kl_coef * w), 0.0)
+            loss_sum = loss_sum + (kl * (p.kl_coef * w)).sum()
+            slope = (1.0 - e).mul_(p.kl_coef * w)    # 0 on masked tokens too
+            if float(d_raw.abs().max()) > limit:     # the clamp of exp's argument
+                slope.masked_fill_(d_raw.abs() > limit, 0.0)
             grad = grad + slope
     k1 = -raw.sum()
     return loss_sum, grad, torch.stack([clipped_tokens, k1, k3])
@@ -402,9 +408,15 @@ class _FusedCPUPolicyLoss(torch.autograd.Function):
         for r0 in range(0, B, rows):
             r1 = min(B, r0 + rows)
             v = valid[r0:r1]
-            lp = torch.where(v, logp[r0:r1].to(dtype), 0.0)
-            old = torch.where(v, old_logp[r0:r1].to(dtype), 0.0)
-            ref = torch.where(v, ref_logp[r0:r1].to(dtype), 0.0) if p.has_ref else None
+            if p.all_finite:   # multiplying by the 0/1 mask is exact and much faster than where
+                vf = v.to(dtype)
+                lp = logp[r0:r1].to(dtype) * vf
+                old = old_logp[r0:r1].to(dtype) * vf
+                ref = ref_logp[r0:r1].to(dtype) * vf if p.has_ref else None
+            else:              # masked-out tokens may hold NaN: never let them into arithmetic
+                lp = torch.where(v, logp[r0:r1].to(dtype), 0.0)
+                old = torch.where(v, old_logp[r0:r1].to(dtype), 0.0)
+                ref = torch.where(v, ref_logp[r0:r1].to(dtype), 0.0) if p.has_ref else None
             loss_sum, g, s = token_terms(lp, old, ref, v, adv[r0:r1, None], row_w[r0:r1, None], p)
             total += loss_sum
             sums += s

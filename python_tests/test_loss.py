@@ -93,13 +93,13 @@ def test_value_and_grad_match_autograd_reference(backend, loss_agg, estimator, k
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("clip", [0.2, (0.1, 0.3)])
-def test_kl_penalty_and_asymmetric_clip(backend, clip):
+@pytest.mark.parametrize("clip,check", [(0.2, True), ((0.1, 0.3), True), ((0.1, 0.3), False)])
+def test_kl_penalty_and_asymmetric_clip(backend, clip, check):
     logp, old, ref, mask, rewards = _batch(12, 9, seed=3, spread=0.4)
     pair = clip if isinstance(clip, tuple) else (clip, clip)
     x = logp.clone().requires_grad_()
     loss, stats = policy_loss(x, old, rewards, 3, "maxk", mask=mask, group_size=6, ref_logp=ref,
-                              kl_coef=0.05, clip_eps=clip, backend=backend)
+                              kl_coef=0.05, clip_eps=clip, backend=backend, check_inputs=check)
     (grad,) = torch.autograd.grad(loss, x)
     y = logp.clone().requires_grad_()
     expect = reference_loss(y, old, rewards, 3, "maxk", mask=mask, offsets=torch.tensor([0, 6, 12]),
@@ -208,11 +208,18 @@ def test_large_log_ratio_is_finite():
     """A token with a huge log-ratio neither overflows the loss nor gives NaN gradients."""
     logp, old, _, mask, rewards = _batch(4, 5, seed=1)
     old[0, 0] = logp[0, 0] - 200.0       # ratio e^200 on a valid token
+    ref = logp.clone()
+    ref[1, 0] = logp[1, 0] + 300.0       # KL term exp(300)
+    out = {}
     for backend in BACKENDS:
         x = logp.clone().requires_grad_()
-        loss, _ = policy_loss(x, old, rewards, 2, mask=mask, group_size=4, backend=backend)
+        loss, _ = policy_loss(x, old, rewards, 2, mask=mask, group_size=4, ref_logp=ref, kl_coef=0.1,
+                              backend=backend)
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+        out[backend] = (loss.detach(), x.grad)
+    torch.testing.assert_close(out["cpu"][0], out["torch"][0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(out["cpu"][1], out["torch"][1], rtol=1e-12, atol=1e-15)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -242,12 +249,13 @@ def test_nan_outside_mask_is_ignored(backend):
     logp2, old2, ref2 = logp.clone(), old.clone(), ref.clone()
     for t in (logp2, old2, ref2):
         t[~mask] = float("nan")
-    x = logp2.clone().requires_grad_()
-    loss, _ = policy_loss(x, old2, rewards, 2, mask=mask, group_size=4, ref_logp=ref2, kl_coef=0.1,
-                          backend=backend)
-    loss.backward()
-    assert loss.item() == pytest.approx(clean_loss.item(), rel=1e-12)
-    assert torch.isfinite(x.grad).all()
+    for check in (True, False):
+        x = logp2.clone().requires_grad_()
+        loss, _ = policy_loss(x, old2, rewards, 2, mask=mask, group_size=4, ref_logp=ref2, kl_coef=0.1,
+                              backend=backend, check_inputs=check)
+        loss.backward()
+        assert loss.item() == pytest.approx(clean_loss.item(), rel=1e-12)
+        assert torch.isfinite(x.grad).all()
 
 
 def test_nan_inside_mask_is_an_error():

@@ -34,6 +34,8 @@ CHECKS = textwrap.dedent(r"""
         mask[:, 0] = True
         for r in empty_rows:
             mask[r] = False
+        old[0, 0] = logp[0, 0] - 30.0      # a token log-ratio beyond the clamp at 20
+        ref[1, 0] = logp[1, 0] + 30.0      # and a KL term beyond it
         old[~mask] = float("nan")          # must never be read
         rewards = torch.rand(B, generator=g, dtype=torch.float64)
         to = lambda t: t.to(device=device, dtype=dtype)
