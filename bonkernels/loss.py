@@ -349,20 +349,21 @@ def reference_loss(logp, old_logp, ref_logp, valid, adv, row_w, p: _LossParams):
 
 # ----------------------------------------------------------------------------- fused CPU backend
 
-def token_terms(lp, old, ref, valid, A, w, p: _LossParams):
+def token_terms(lp, old, ref, valid, A, w, p: _LossParams, out: Optional[torch.Tensor] = None):
     """Per-token weighted loss sum, its analytic gradient w.r.t. logp, and the statistic sums.
 
     ``lp``/``old``/``ref`` are already in the compute dtype with masked tokens set to 0; ``A`` and
     ``w`` are ``[rows, 1]``. Used by the fused CPU path (the Triton kernel has its own copy).
     The row weight w >= 0 is folded into the advantage (max(a w, b w) = w max(a, b)), and the
     mask into that product, so masked tokens give 0 loss, 0 gradient and no clipped count.
+    ``out`` (optional, compute dtype): where to write the gradient, saving a copy.
     """
     limit = LOG_RATIO_LIMIT
     weight = valid * (-A * w)                       # -A_i w_i on valid tokens, 0 elsewhere
     raw = lp - old                                  # 0 on masked tokens
     if p.ppo:
         ratio = raw.clamp(-limit, limit).exp_()
-        unclipped = ratio * weight
+        unclipped = torch.mul(ratio, weight, out=out) if out is not None else ratio * weight
         clipped = ratio.clamp_(1.0 - p.clip_lo, 1.0 + p.clip_hi).mul_(weight)
         clip_wins = clipped > unclipped
         clipped_tokens = clip_wins.sum().to(lp.dtype)
@@ -374,7 +375,7 @@ def token_terms(lp, old, ref, valid, A, w, p: _LossParams):
             grad.masked_fill_(raw.abs() > limit, 0.0)
     else:
         loss_sum = (weight * lp).sum()
-        grad = weight
+        grad = out.copy_(weight) if out is not None else weight
         clipped_tokens = lp.new_zeros(())
     k3 = lp.new_zeros(())
     if p.has_ref:
@@ -388,7 +389,7 @@ def token_terms(lp, old, ref, valid, A, w, p: _LossParams):
             slope = (1.0 - e).mul_(p.kl_coef * w)    # 0 on masked tokens too
             if float(d_raw.abs().max()) > limit:     # the clamp of exp's argument
                 slope.masked_fill_(d_raw.abs() > limit, 0.0)
-            grad = grad + slope
+            grad.add_(slope)
     k1 = -raw.sum()
     return loss_sum, grad, torch.stack([clipped_tokens, k1, k3])
 
@@ -417,10 +418,11 @@ class _FusedCPUPolicyLoss(torch.autograd.Function):
                 lp = torch.where(v, logp[r0:r1].to(dtype), 0.0)
                 old = torch.where(v, old_logp[r0:r1].to(dtype), 0.0)
                 ref = torch.where(v, ref_logp[r0:r1].to(dtype), 0.0) if p.has_ref else None
-            loss_sum, g, s = token_terms(lp, old, ref, v, adv[r0:r1, None], row_w[r0:r1, None], p)
+            out = grad[r0:r1] if need_grad and grad.dtype == dtype else None
+            loss_sum, g, s = token_terms(lp, old, ref, v, adv[r0:r1, None], row_w[r0:r1, None], p, out=out)
             total += loss_sum
             sums += s
-            if need_grad:
+            if need_grad and out is None:
                 grad[r0:r1] = g
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(sums)
