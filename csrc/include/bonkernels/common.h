@@ -48,22 +48,38 @@ enum Code : int {
 // Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
 constexpr double kZscoreConstantRtol = 1e-10;
 
+// a / b from an estimate r0 of 1/b good to ~20 bits: two Newton steps on the reciprocal, one
+// correction of the quotient (within an ulp or so). IEEE special cases as a / b: b = 0 or +-inf
+// give a * r0 (+-inf or +-0), an infinite or NaN a passes through. Host-testable with any r0.
+BK_HD double div_refine(double a, double b, double r0) {
+  if (!(::fabs(b) < BK_INF) || b == 0.0) return a * r0;
+  double r = fma(fma(-b, r0, 1.0), r0, r0);
+  r = fma(fma(-b, r, 1.0), r, r);
+  const double q0 = a * r;
+  const double q1 = fma(fma(-b, q0, a), r, q0);
+  return ::fabs(q1) < BK_INF ? q1 : q0;
+}
+
 // a / b in the per-element paths. On the GPU, IEEE double division is an out-of-line ptxas
-// subroutine whose calling convention costs stack and register spills; a hardware reciprocal
-// estimate refined by Newton steps stays inline and is within an ulp or so (b is a normal number:
-// the divisors here are counts, group sizes and standard deviations plus eps).
+// subroutine whose calling convention costs stack and register spills; the hardware reciprocal
+// estimate refined by div_refine stays inline.
 BK_HD double bk_div(double a, double b) {
 #if defined(__CUDA_ARCH__)
-  double r;
-  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(b));
-  r = fma(fma(-b, r, 1.0), r, r);
-  r = fma(fma(-b, r, 1.0), r, r);
-  double q = a * r;
-  q = fma(fma(-b, q, a), r, q);
-  return q;
+  double r0;
+  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(b));
+  return div_refine(a, b, r0);
 #else
   return a / b;
 #endif
+}
+
+// sqrt(x) for a normal, finite x > 0 from an estimate y0 of 1/sqrt(x) good to ~20 bits: two
+// Newton steps on the reciprocal root, one correction of the root. Host-testable with any y0.
+BK_HD double sqrt_refine(double x, double y0) {
+  double y = y0 * fma(-0.5 * x * y0, y0, 1.5);
+  y = y * fma(-0.5 * x * y, y, 1.5);
+  const double s = x * y;
+  return fma(0.5 * y, fma(-s, s, x), s);
 }
 
 // sqrt for the group statistics (x >= 0): inline on the GPU for the same reason as bk_div
@@ -76,13 +92,9 @@ BK_HD double bk_sqrt(double x) {
     x *= 0x1p600;
     unscale = 0x1p-300;
   }
-  double y;
-  asm("rsqrt.approx.ftz.f64 %0, %1;" : "=d"(y) : "d"(x));
-  y = y * fma(-0.5 * x * y, y, 1.5);
-  y = y * fma(-0.5 * x * y, y, 1.5);
-  double s = x * y;
-  s = fma(0.5 * y, fma(-s, s, x), s);
-  return s * unscale;
+  double y0;
+  asm("rsqrt.approx.ftz.f64 %0, %1;" : "=d"(y0) : "d"(x));
+  return sqrt_refine(x, y0) * unscale;
 #else
   return ::sqrt(x);
 #endif
