@@ -1,4 +1,4 @@
-"""The README snippets in bonkernels/integrations/README_SNIPPETS.md run as written."""
+"""The "In a trainer" snippets of README.md run as written, in the context their trainer gives them."""
 
 import re
 from pathlib import Path
@@ -8,11 +8,15 @@ import torch
 
 import bonkernels as bk
 
-SNIPPETS = Path(__file__).resolve().parents[1] / "bonkernels" / "integrations" / "README_SNIPPETS.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
+SECTION = "## In a trainer"
 
 
 def _blocks():
-    blocks = re.findall(r"```python\n(.*?)```", SNIPPETS.read_text(), flags=re.S)
+    text = README.read_text()
+    section = text[text.index(SECTION):]
+    section = section[:section.index("\n## ", len(SECTION))]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 3, "expected the plain PyTorch, TRL and verl snippets"
     for b in blocks:
         assert len([line for line in b.splitlines() if line.strip() and not line.lstrip().startswith("#")]) <= 5
@@ -23,7 +27,7 @@ def test_plain_pytorch_snippet():
     if not hasattr(bk, "policy_loss"):
         pytest.skip("bonkernels/__init__.py does not export policy_loss yet")
     ns = {}
-    exec(compile(_blocks()["torch"], "README_SNIPPETS:torch", "exec"), ns)
+    exec(compile(_blocks()["torch"], "README:torch", "exec"), ns)
     assert torch.isfinite(ns["loss"]) and ns["logp"].grad is not None
     assert torch.isfinite(ns["logp"].grad).all() and set(ns["stats"]) >= {"clip_frac", "approx_kl", "objective"}
 
@@ -43,7 +47,7 @@ def test_trl_snippet(tmp_path):
                                max_completion_length=4, max_steps=1, use_cpu=True, report_to="none",
                                save_strategy="no"),
     }
-    exec(compile(_blocks()["trl"], "README_SNIPPETS:trl", "exec"), ns)
+    exec(compile(_blocks()["trl"], "README:trl", "exec"), ns)
     assert ns["trainer"].bk_estimator == "maxk_loo1" and ns["trainer"].state.global_step == 1
 
 
@@ -57,7 +61,7 @@ def test_verl_snippet():
     ns = {"token_level_rewards": rewards, "response_mask": torch.ones(8, 5),
           "index": np.array(["p0"] * 4 + ["p1"] * 4, dtype=object)}
     try:
-        exec(compile(_blocks()["verl"], "README_SNIPPETS:verl", "exec"), ns)
+        exec(compile(_blocks()["verl"], "README:verl", "exec"), ns)
     finally:
         bk_verl._SETTINGS["k"] = None
     expect = bk.advantages(rewards[:, -1].view(2, 4).double(), 4, "maxk_loo1").reshape(-1)
