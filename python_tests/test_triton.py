@@ -89,7 +89,45 @@ def test_float_arguments_travel_as_exact_bits():
     from bonkernels.triton.advantages import float64_bits
 
     for x in (0.2, -1e-300, 1e-6, math.inf, -math.inf, 0.0, -0.0):
-        assert struct.unpack("<d", struct.pack("<q", float64_bits(x)))[0] == x
+        assert struct.pack("<q", float64_bits(x)) == struct.pack("<d", x)  # -0.0 too
+
+
+def test_launches_use_exactly_the_compiled_specialisations():
+    """Triton's own argument binder (as its launcher runs it, here for an sm_90 target) sees the
+    types and constexprs that aot.py compiles, whatever k, the group count or the pointer alignment:
+    so the compile check covers every kernel a launch can need."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError as error:  # a private API of triton 3.x
+        pytest.skip(f"triton internals moved: {error}")
+    from bonkernels.triton.advantages import advantages_kernel, launch_arguments
+    from bonkernels.triton.aot import _signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(advantages_kernel.signature, advantages_kernel.params,
+                                            backend)
+    for dtype, name in _config.TRITON_DTYPE_NAMES.items():
+        storage = torch.rand(70, dtype=torch.float64).to(dtype)
+        cases = [(storage, 1, [16, 17], None), (storage[1:], 16, [69], None),
+                 (storage[3:20], 7, [1] * 17, 0.2), (storage[:64], 2**31 - 1, [64], None)]
+        for values, k, sizes, clamp in cases:
+            offsets = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0)))
+            deltas = values * 0 if clamp is not None else None
+            code = 4 if clamp is not None else 3
+            block = _config.block_for(max(sizes))
+            grid, args, kwargs = launch_arguments(values, offsets, deltas, torch.empty_like(values),
+                                                  k, code, clamp, -math.inf, 1.5, True, 2, 1e-4,
+                                                  block)
+            bound, specialization, options = binder(*args, **kwargs)
+            _, signature, constexprs, attrs = advantages_kernel._pack_args(
+                backend, kwargs, bound, specialization, options)
+            assert signature == _signature(name), (name, k, sizes)
+            assert all(not a for a in attrs.values()), attrs
+            expected = _config.config_for_block(block).constexprs()
+            assert constexprs == {(advantages_kernel.arg_names.index(key),): value
+                                  for key, value in expected.items()}
 
 
 # ---------------------------------------------------------------- device rules, registration

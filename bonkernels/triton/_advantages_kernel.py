@@ -148,9 +148,14 @@ def _row_sum(v):
     return tl.sum(v, axis=1)[:, None]
 
 
+# No runtime specialisation beyond the argument types: ints equal to 1 or divisible by 16 would
+# otherwise each get their own compilation, and so would pointers that are or are not 16-byte
+# aligned (ragged group starts make vector loads impossible anyway). So the op launches exactly the
+# (dtype, BLOCK) specialisations that aot.py compiles.
 @triton.jit(do_not_specialize=["num_groups", "k", "code", "k_margin", "uses_k", "small_groups",
                                 "has_clamp", "mean_scale", "clamp_delta_bits", "clip_lo_bits",
-                                "clip_hi_bits", "eps_bits"])
+                                "clip_hi_bits", "eps_bits"],
+            do_not_specialize_on_alignment=["values_ptr", "deltas_ptr", "offsets_ptr", "out_ptr"])
 def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, num_groups,
                       k, code, k_margin, uses_k, small_groups, has_clamp,
                       clamp_delta_bits: tl.int64, clip_lo_bits: tl.int64, clip_hi_bits: tl.int64,

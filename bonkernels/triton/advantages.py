@@ -46,19 +46,26 @@ def _check_device(values: torch.Tensor) -> None:
             "Triton kernels on CPU tensors, set TRITON_INTERPRET=1 before triton is imported")
 
 
-def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
-            small_groups, eps, block, wrap):
+def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi,
+                     mean_scale, small_groups, eps, block):
+    """(grid, positional arguments, keyword arguments) of the kernel launch."""
     num_groups = offsets.numel() - 1
     config = _config.config_for_block(block)
     uses_k, k_margin = ESTIMATOR_K_RULES[code]
     grid = (triton.cdiv(num_groups, config.groups),)
+    args = (values, deltas if deltas is not None else values, offsets, out, num_groups,
+            k, code, k_margin, int(uses_k), small_groups, int(clamp_delta is not None),
+            float64_bits(clamp_delta if clamp_delta is not None else 0.0), float64_bits(clip_lo),
+            float64_bits(clip_hi), int(mean_scale), float64_bits(eps))
+    return grid, args, dict(num_warps=config.num_warps, **config.constexprs())
+
+
+def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
+            small_groups, eps, block, wrap):
+    grid, args, kwargs = launch_arguments(values, offsets, deltas, out, k, code, clamp_delta,
+                                          clip_lo, clip_hi, mean_scale, small_groups, eps, block)
     kernel = wrap(advantages_kernel) if wrap is not None else advantages_kernel
-    kernel[grid](
-        values, deltas if deltas is not None else values, offsets, out, num_groups,
-        k, code, k_margin, int(uses_k), small_groups, int(clamp_delta is not None),
-        float64_bits(clamp_delta if clamp_delta is not None else 0.0), float64_bits(clip_lo),
-        float64_bits(clip_hi), int(mean_scale), float64_bits(eps),
-        num_warps=config.num_warps, **config.constexprs())
+    kernel[grid](*args, **kwargs)
 
 
 @torch.library.triton_op("bonkernels::triton_advantages", mutates_args=())
@@ -115,7 +122,9 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
         sizes = offsets[1:] - offsets[:-1]
         max_group_size = int(sizes.max()) if sizes.numel() else 0
     block = _config.block_for(int(max_group_size))
-    args = (values, offsets, deltas, int(k), int(estimator_code),
+    # k beyond int32 behaves like any k > n (and would change the kernel's argument type)
+    k = min(int(k), 2**31 - 1)
+    args = (values, offsets, deltas, k, int(estimator_code),
             None if clamp_delta is None else float(clamp_delta), float(clip_lo), float(clip_hi),
             bool(mean_scale), int(small_groups), float(eps), block)
     if interpreting() or not torch.compiler.is_compiling():

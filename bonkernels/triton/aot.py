@@ -60,10 +60,9 @@ def compile_one(spec: Specialisation, arch: int):
 
     from ._advantages_kernel import advantages_kernel
 
-    # tt.divisibility=16 on the pointers: what the launcher specialises to for aligned tensors
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+    # no attributes: the kernel does not specialise on pointer alignment or integer values
     source = ASTSource(fn=advantages_kernel, signature=_signature(spec.dtype_name),
-                       constexprs=spec.config.constexprs(), attrs=attrs)
+                       constexprs=spec.config.constexprs())
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": spec.config.num_warps})
 
