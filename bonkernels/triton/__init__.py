@@ -1,5 +1,15 @@
 """Triton backend: the fused advantages op as one Triton kernel launch.
 
+* Every estimator except ``maxk_offpolicy_exact``; float16/bfloat16/float32/float64 rewards; groups of
+  up to ``MAX_GROUP_SIZE`` (4096) samples. Arithmetic in float64 like the reference, output cast once.
+* One launch per call, no host sync when ``max_group_size`` is given. Group sizes are bucketed to
+  powers of two from 8 (``_config.py``): 4 dtypes x 10 blocks = 40 kernel specialisations, which
+  ``python -m bonkernels.triton.aot`` compiles ahead of time for sm_80/sm_90.
+* Blocks up to 32 sort by rank comparison (many groups per program); larger blocks sort packed
+  (key, column) int64s with ``tl.sort`` (two passes for float64).
+* Registered as ``torch.ops.bonkernels.triton_advantages`` (``torch.library.triton_op``) for
+  torch.compile; eager calls launch directly.
+
 Importing this package does not import triton; the kernels load on first use. On CPU tensors the
 kernels run only under the Triton interpreter (TRITON_INTERPRET=1, set before triton is imported).
 """
