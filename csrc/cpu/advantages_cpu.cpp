@@ -32,7 +32,9 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       ex.alloc(x);
       ex.alloc(delta);
       if (pairs.size() < size_t(n)) pairs.resize(n);
-      if (!std::is_same<scalar_t, double>::value && n <= kNetworkSortMax) {
+      if (order_free(p.code)) {  // reductions only: any order will do
+        for (int i = 0; i < n; ++i) pairs[i] = {double(values[base + i]), int32_t(i)};
+      } else if (!std::is_same<scalar_t, double>::value && n <= kNetworkSortMax) {
         uint64_t packed[kNetworkSortMax];  // float bits and index in one word: a branch-free network
         for (int i = 0; i < n; ++i)
           packed[i] = (uint64_t(orderable_bits32(float(values[base + i]))) << 32) | uint32_t(i);

@@ -123,6 +123,11 @@ BK_HD int k_margin(int code) { return (code == MAXK_LOO || code == MAXK_LOO_CENT
 
 BK_HD bool needs_deltas(int code) { return code == MAXK_OFFPOLICY || code == MAXK_OFFPOLICY_EXACT; }
 
+// Estimators whose formula uses only group reductions and the sample's own value: no sort needed.
+BK_HD bool order_free(int code) {
+  return code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO || code == RLOO || code == DR_GRPO;
+}
+
 BK_HD bool native_supports(int code) {
   return code >= 0 && code < NUM_CODES && code != MAXK_OFFPOLICY_EXACT;
 }

@@ -64,7 +64,8 @@ BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emi
   ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div(v[s] - mean, denom)); });
 }
 
-// One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only).
+// One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
+// for the order_free estimators (common.h) any order of x is fine.
 // Emits every slot's final value (scale, too-small rule and clip applied).
 template <class Ex>
 BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename Ex::Vec& delta) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <cstdint>
 #include <utility>
+#include <cstddef>
 #include <vector>
 
 #include "bonkernels/common.h"
@@ -56,9 +57,9 @@ inline void radix_sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<s
 }
 
 // Small groups of float/half/bfloat16 values: the float's orderable bits and the index packed in
-// one uint64, sorted by a bitonic network over W = 8, 16 or 32 slots (padded with ~0). Every
+// one uint64, sorted by a bitonic network over W = 8, 16, 32 or 64 slots (padded with ~0). Every
 // compare-exchange is a branch-free min/max; comparison sorts mispredict on random keys.
-constexpr int kNetworkSortMax = 32;
+constexpr int kNetworkSortMax = 64;
 
 inline uint32_t orderable_bits32(float f) {
   uint32_t u;
@@ -66,29 +67,60 @@ inline uint32_t orderable_bits32(float f) {
   return (u >> 31) ? ~u : (u | 0x80000000u);
 }
 
+// The bitonic network for W inputs as a compile-time list of (min slot, max slot) pairs, so the
+// sort below unrolls completely with constant indices and the keys stay in registers.
+template <int W>
+struct BitonicNetwork {
+  static constexpr int kPairs = [] {
+    int count = 0;
+    for (int size = 2; size <= W; size <<= 1)
+      for (int stride = size / 2; stride > 0; stride >>= 1) count += W / 2;
+    return count;
+  }();
+  struct Pairs {
+    int lo[kPairs], hi[kPairs];
+  };
+  static constexpr Pairs pairs = [] {
+    Pairs p{};
+    int c = 0;
+    for (int size = 2; size <= W; size <<= 1)
+      for (int stride = size / 2; stride > 0; stride >>= 1)
+        for (int i = 0; i < W; ++i) {
+          const int j = i ^ stride;
+          if (j > i) {
+            const bool ascending = (i & size) == 0;
+            p.lo[c] = ascending ? i : j;
+            p.hi[c] = ascending ? j : i;
+            ++c;
+          }
+        }
+    return p;
+  }();
+};
+
+template <int W, size_t... I>
+inline void network_sort_u64_impl(uint64_t* k, std::index_sequence<I...>) {
+  auto exchange = [k](int a, int b) {
+    const uint64_t x = k[a], y = k[b];
+    k[a] = x < y ? x : y;
+    k[b] = x < y ? y : x;
+  };
+  (exchange(BitonicNetwork<W>::pairs.lo[I], BitonicNetwork<W>::pairs.hi[I]), ...);
+}
+
 template <int W>
 inline void network_sort_u64(uint64_t* k) {
-  for (int size = 2; size <= W; size <<= 1)
-    for (int stride = size / 2; stride > 0; stride >>= 1)
-      for (int i = 0; i < W; ++i) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool ascending = (i & size) == 0;
-          const uint64_t a = k[i], b = k[j];
-          const uint64_t lo = a < b ? a : b, hi = a < b ? b : a;
-          k[i] = ascending ? lo : hi;
-          k[j] = ascending ? hi : lo;
-        }
-      }
+  network_sort_u64_impl<W>(k, std::make_index_sequence<BitonicNetwork<W>::kPairs>{});
 }
 
 // Sorts the packed keys k[0..n) (n <= kNetworkSortMax; k needs room for the padded width).
 inline void network_sort_packed(uint64_t* k, int n) {
-  const int W = n <= 8 ? 8 : (n <= 16 ? 16 : 32);
+  const int W = n <= 8 ? 8 : (n <= 16 ? 16 : (n <= 32 ? 32 : 64));
   for (int i = n; i < W; ++i) k[i] = ~uint64_t(0);
   if (W == 8) network_sort_u64<8>(k);
   else if (W == 16) network_sort_u64<16>(k);
-  else network_sort_u64<32>(k);
+  else if (W == 32) network_sort_u64<32>(k);
+  else network_sort_u64<64>(k);
 }
 
 // Sort (key, index) pairs ascending by key: insertion sort for tiny groups, std::sort up to
