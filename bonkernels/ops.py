@@ -76,6 +76,8 @@ def advantages(rewards: torch.Tensor, k: int, estimator: str = "maxk_loo1", *, o
     layout = make_layout(rewards, offsets=offsets, lengths=lengths, group_ids=group_ids, check=check_inputs)
     values = layout.pack(rewards).contiguous()
     packed_deltas = _pack_deltas(deltas, rewards, layout, est)
+    if max_group_size is None and layout.kind in ("full", "padded"):
+        max_group_size = rewards.shape[1]          # a free bound: kernels need not look for it
 
     if check_inputs:
         _check_finite("rewards", values, layout)
