@@ -437,9 +437,7 @@ class _FusedCPUPolicyLoss(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         if grad is None:
             return (None,) * 7
-        # The stored gradient is for d(loss) = 1; scale only when the caller asks for more.
-        if grad_loss.numel() == 1 and float(grad_loss) == 1.0:
-            return grad, None, None, None, None, None, None
+        # The stored gradient is for d(loss) = 1 (scaling it needs no host sync, unlike testing for 1).
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
 
 
