@@ -130,9 +130,13 @@ def _read_json(path):
 
 
 def collect(runs: str, arms, seeds, steps: int) -> dict:
+    """Final evals per arm, and the warm start's evals: every run evaluates the shared warm start
+    at step 0 with its own sampling seed, so their spread is the evaluation's own noise."""
     base = _read_json(os.path.join(runs, "warmstart", "summary.json"))["final"]
     ks = sorted(int(key.split("@")[1]) for key in base if key.startswith("pass@"))
-    out = {"ks": ks, "warm_start": base, "arms": {}}
+    out = {"ks": ks, "arms": {}}
+    # runs with the same seed evaluate the warm start with the same sampling seed: keep one each
+    step0 = {_read_json(os.path.join(runs, "warmstart", "summary.json")).get("seed"): base}
     for arm in arms:
         label, estimator, flags = parse_arm(arm)
         finals = []
@@ -140,8 +144,12 @@ def collect(runs: str, arms, seeds, steps: int) -> dict:
             name = f"{estimator}{''.join(f.replace('--', '_').replace('=', '') for f in flags)}-s{seed}"
             path = os.path.join(runs, name, "summary.json")
             if os.path.exists(path) and _finished(os.path.join(runs, name), steps):
-                finals.append(_read_json(path)["final"])
+                summary = _read_json(path)
+                finals.append(summary["final"])
+                if summary.get("initial") and summary["initial"]["step"] == 0:
+                    step0.setdefault(summary.get("seed"), summary["initial"])
         out["arms"][label] = {"seeds": len(finals), "finals": finals}
+    out["warm_start_evals"] = [step0[key] for key in sorted(step0, key=str)]
     return out
 
 
@@ -157,8 +165,12 @@ def results_table(results: dict) -> str:
     cols = [f"pass@{k}" for k in show] + [f"max@{k}" for k in show] + ["reward_mean"]
     lines = ["| arm | seeds | " + " | ".join(cols) + " |",
              "|---|---|" + "---|" * len(cols)]
-    base = results["warm_start"]
-    lines.append("| warm start (before RL) | - | " + " | ".join(f"{base[c]:.3f}" for c in cols) + " |")
+    evals0 = results["warm_start_evals"]
+    cells = []
+    for c in cols:
+        m, s = _mean_sd([e[c] for e in evals0])
+        cells.append(f"{m:.3f} ± {s:.3f}")
+    lines.append(f"| warm start (before RL; {len(evals0)} evals) | - | " + " | ".join(cells) + " |")
     for label, arm in results["arms"].items():
         cells = []
         for c in cols:
@@ -167,7 +179,9 @@ def results_table(results: dict) -> str:
         lines.append(f"| {label} | {arm['seeds']} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Mean ± sample standard deviation over seeds, on the same held-out prompts "
-                 f"({base['num_prompts']} prompts, pass@k / max@k by the unbiased estimators).")
+                 f"({evals0[0]['num_prompts']} prompts, pass@k / max@k by the unbiased estimators). "
+                 "The warm-start row is the same model evaluated with a different sampling seed "
+                 "(one per seed) at step 0: its spread is the evaluation's own noise.")
     return "\n".join(lines) + "\n"
 
 
@@ -180,8 +194,10 @@ def plot_results(results: dict, path: str) -> None:
     ks = results["ks"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric in zip(axes, ("pass", "max")):
-        base = results["warm_start"]
-        ax.plot(ks, [base[f"{metric}@{k}"] for k in ks], "k--", marker="o", label="warm start")
+        stats = [_mean_sd([e[f"{metric}@{k}"] for e in results["warm_start_evals"]]) for k in ks]
+        ax.plot(ks, [m for m, _ in stats], "k--", marker="o", label="warm start (before RL)")
+        ax.fill_between(ks, [m - s for m, s in stats], [m + s for m, s in stats], color="k",
+                        alpha=0.1)
         for label, arm in results["arms"].items():
             if not arm["finals"]:
                 continue
