@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -25,8 +24,9 @@ TINY = ["--model", "qwen2-micro", "--warmstart-steps", "3", "--warmstart-batch-s
         "--eval-every", "2", "--threads", "1", "--progress", "off", "--no-plots"]
 
 
-def _run_cli(args, **kw):
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _run_cli(args, env=None, **kw):
+    if env is None:
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-m", "bonkernels.train", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -77,38 +77,32 @@ def test_offpolicy_estimator_with_ppo_epochs_and_plots(tmp_path):
 
 
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
-    common = [*TINY, "--steps", "5", "--save-every", "1", "--eval-every", "2"]
+    common = [*TINY, "--steps", "5", "--save-every", "2", "--eval-every", "2"]
     ref_out, cut_out = str(tmp_path / "ref"), str(tmp_path / "cut")
     ref = _run_cli([*common, "--out", ref_out])
-    cut = _run_cli([*common, "--out", cut_out])
-    # kill the second run once it has checkpointed at least one step but before it finished
+    # the second run SIGKILLs itself in step 4, after logging it, before its checkpoint: the
+    # last checkpoint is step 2 and metrics of steps 3 and 4 must be redone, not duplicated
+    cut = _run_cli([*common, "--out", cut_out],
+                   env=dict(os.environ, BONKERNELS_TRAIN_KILL_AT_STEP="4",
+                            PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    output = cut.communicate(timeout=600)[0]
+    assert cut.returncode == -signal.SIGKILL, output
     path = os.path.join(cut_out, "checkpoint.pt")
-    deadline = time.monotonic() + 300
-    killed_at = None
-    while time.monotonic() < deadline and cut.poll() is None:
-        if os.path.exists(path):
-            step = ckpt.load(path)["step"]
-            if step >= 2:
-                cut.send_signal(signal.SIGKILL)
-                killed_at = step
-                break
-        time.sleep(0.05)
-    cut.wait()
+    assert ckpt.load(path)["step"] == 2
+    assert max(r["step"] for r in _train_records(cut_out)) == 4
     assert ref.wait(timeout=600) == 0, ref.stdout.read()
-    if killed_at is None:
-        pytest.fail("the run finished before it could be killed; output:\n" + cut.stdout.read())
-    assert cut.returncode == -signal.SIGKILL
-    assert ckpt.load(path)["step"] < 5
     resumed = _run_cli(["--resume", "--out", cut_out, "--progress", "off", "--threads", "1"])
     output = resumed.communicate(timeout=600)[0]
     assert resumed.returncode == 0, output
-    assert "resumed from" in output
+    assert "resumed from" in output and "at step 2" in output
     assert _train_records(cut_out) == _train_records(ref_out)
     a = ckpt.load(os.path.join(ref_out, "checkpoint.pt"))
     b = ckpt.load(path)
     assert a["step"] == b["step"] == 5
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+    for group_a, group_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(group_a["exp_avg"], group_b["exp_avg"])
 
 
 def test_resume_refuses_a_different_configuration(tmp_path):

@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import random
+import signal
 import sys
 import time
 
@@ -275,6 +276,10 @@ def run(cfg) -> dict:
     for step in range(start + 1, cfg.steps + 1):
         record = train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, loss_fn)
         metrics.write(record)
+        if os.environ.get("BONKERNELS_TRAIN_KILL_AT_STEP") == str(step):
+            # fault injection for the resume test: die like a killed job, after logging this
+            # step and before checkpointing it
+            os.kill(os.getpid(), signal.SIGKILL)
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
             last_eval = run_eval(step)
             metrics.write(last_eval)
