@@ -211,3 +211,40 @@ def test_humaneval_task_trains_one_step_through_the_sandbox(tmp_path):
     records = _train_records(out)
     assert [r["kind"] for r in records] == ["eval", "train", "eval"]
     assert records[1]["reward_mean"] == 0.0  # a random model does not solve HumanEval
+
+
+def _local_hf_checkpoint(directory):
+    """A local checkpoint directory as a user would have one: HF model + HF fast tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>")
+    config = Qwen2Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         pad_token_id=0, eos_token_id=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    fast.save_pretrained(directory)
+
+
+def test_local_checkpoint_with_its_own_hf_tokenizer(tmp_path):
+    from bonkernels.train.cli import main
+    from bonkernels.train.tokenizer import HFTokenizer
+
+    ckpt_dir = str(tmp_path / "local_model")
+    _local_hf_checkpoint(ckpt_dir)
+    model, tok = load_model(ckpt_dir)
+    assert isinstance(tok, HFTokenizer) and tok.eos_id == 1 and tok.bos_id is None
+    assert tok.decode(tok.encode("3:10,5:16=")) == "3:10,5:16="
+    out = str(tmp_path / "run")
+    main([*TINY, "--model", ckpt_dir, "--steps", "1", "--eval-every", "1", "--out", out])
+    records = _train_records(out)
+    assert [r["kind"] for r in records] == ["eval", "train", "eval"]
+    exported, tok2 = load_model(os.path.join(out, "final_model"))
+    assert isinstance(tok2, HFTokenizer)
