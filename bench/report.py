@@ -210,6 +210,8 @@ def skipped_summary(rows: list[dict]) -> str:
             reason = r["note"]
             if reason.startswith("predicted"):
                 reason = "predicted time per call above the cap (from smaller cells)"
+            elif reason.startswith("G*n ="):
+                reason = "G*n " + reason.split(" above ", 1)[1]
             groups[(r["method"], r["status"], reason)].append(r)
     if not groups:
         return "Nothing was skipped."
@@ -334,6 +336,14 @@ def section_markdown(result_dir: str, rel_to: str, make_plots: bool = True) -> s
             + (f", CUDA {env.get('cuda_runtime')}" if gpu else ""),
             f"* Load average (1/5/15 min) at start: {env.get('load_average_start', '?')}, at end: "
             f"{env.get('load_average_end', '?')}"]
+    sw = env.get("sweep_run")
+    if sw:
+        out.append(f"* The target cells come from the run above; the sweep from a second run on "
+                   f"{sw.get('date_utc')} ({sw.get('elapsed_s') or 0:.0f} s of a {sw.get('budget_s')} s budget, "
+                   f"options {sw.get('options')}, load average at start {sw.get('load_average_start')}, "
+                   f"at end {sw.get('load_average_end')}, copy bandwidth "
+                   + ", ".join(f"{v:.1f} GB/s ({k} threads)" for k, v in (sw.get("copy_GBps") or {}).items())
+                   + ", bonkernels " + str(sw.get("bonkernels_commit")) + ")")
     bws = env.get("copy_GBps", {})
     if bws:
         out.append("* Copy bandwidth measured in this run (read + write bytes / time of a large "
@@ -439,12 +449,39 @@ def build_results_md(results_root: str, out_path: str, make_plots: bool = True) 
     return out_path
 
 
+def merge_sweep(dst_dir: str, src_dir: str) -> None:
+    """Replace the sweep rows of ``dst_dir`` with those of another run (``src_dir``), keeping the
+    target rows; env.json records both runs (e.g. targets at a quiet time, a longer sweep later)."""
+    keep = [r for r in _raw_rows(dst_dir) if r["section"] != "sweep"]
+    new = [r for r in _raw_rows(src_dir) if r["section"] == "sweep"]
+    fields = list(keep[0].keys() if keep else new[0].keys())
+    with open(os.path.join(dst_dir, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(keep + new)
+    env, src_env = load_env(dst_dir), load_env(src_dir)
+    env["sweep_run"] = {k: src_env.get(k) for k in ("date_utc", "elapsed_s", "budget_s", "load_average_start",
+                                                    "load_average_end", "copy_GBps", "bonkernels_commit",
+                                                    "options")}
+    with open(os.path.join(dst_dir, "env.json"), "w") as f:
+        json.dump(env, f, indent=1)
+
+
+def _raw_rows(d: str) -> list[dict]:
+    with open(os.path.join(d, "results.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", default=os.path.join(BENCH_DIR, "results"))
     ap.add_argument("--out", default=os.path.join(BENCH_DIR, "RESULTS.md"))
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--merge-sweep", nargs=2, metavar=("DST", "SRC"),
+                    help="replace DST's sweep rows by SRC's (then rebuild)")
     a = ap.parse_args(argv)
+    if a.merge_sweep:
+        merge_sweep(*a.merge_sweep)
     print(build_results_md(a.results, a.out, not a.no_plots))
 
 

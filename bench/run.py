@@ -53,6 +53,8 @@ def parse_args(argv=None):
     ap.add_argument("--threads", default=None, help="CPU thread counts for the target cells, e.g. 1,2")
     ap.add_argument("--sweep-threads", default=None, help="CPU thread counts for the sweep, e.g. 2")
     ap.add_argument("--methods", default="", help="comma-separated subset of methods to run")
+    ap.add_argument("--max-call-s", type=float, help="skip sweep cells predicted slower than this per call")
+    ap.add_argument("--target-s", type=float, help="time to spend on the repetitions of one method in one cell")
     ap.add_argument("--no-targets", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
@@ -88,6 +90,10 @@ def build_config(a) -> tuple[sweep.Config, list[sweep.Cell]]:
                            max_elems=1 << 23, matrix_max_n=1024, target_s=0.25, min_reps=5, methods_filter=flt)
         targets = sweep.target_cells(_ints(a.threads or "1,2"))
         cells = sweep.sweep_cells(_ints(a.sweep_threads or "2"), CPU_SWEEP_ESTIMATORS)
+    if a.max_call_s:
+        cfg.max_call_s = a.max_call_s
+    if a.target_s:
+        cfg.target_s = a.target_s
     cfg_cells = ([] if a.no_targets else targets) + ([] if a.no_sweep else cells)
     return cfg, cfg_cells, mode
 
@@ -114,7 +120,7 @@ def main(argv=None) -> int:
     if cfg.device.type == "cpu":
         timing.configure_malloc_for_timing()
     env = environment.describe(cfg.device, REPO_DIR)
-    env.update(mode=mode, budget_s=cfg.budget_s)
+    env.update(mode=mode, budget_s=cfg.budget_s, options=" ".join(sys.argv[1:] if argv is None else argv))
     print(f"[bench] mode={mode} device={cfg.device} out={cfg.out_dir} budget={cfg.budget_s:.0f}s "
           f"cells={len(cells)} load={env['load_average_start']}", flush=True)
 
