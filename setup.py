@@ -76,6 +76,12 @@ def extensions():
     cu_sources = sorted(rel(p) for p in glob.glob(os.path.join(csrc, "cuda", "*.cu")))
     include_dirs = [os.path.join(csrc, "include"), csrc]
     cxx_flags = ["-O2", "-g0"]  # torch picks the C++ standard its headers need
+    link_flags = []
+    if "OpenMP" in torch.__config__.parallel_info() and sys.platform != "darwin":
+        # at::parallel_for is header code: without -fopenmp its `omp parallel` is ignored and the
+        # CPU kernel runs on one thread whatever torch.set_num_threads says.
+        cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
 
     torch_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
     if env_flag("BONKERNELS_SKIP_CUDA"):
@@ -93,13 +99,13 @@ def extensions():
         ext = cpp_extension.CUDAExtension(
             "bonkernels._C", sources + cu_sources, include_dirs=include_dirs,
             define_macros=[("BK_WITH_CUDA", None), ("BK_TORCH_CUDA", None)],
-            extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags})
+            extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, extra_link_args=link_flags)
         return [ext], {"build_ext": cpp_extension.BuildExtension}
 
     if mode == "bare-nvcc":
         ext = cpp_extension.CppExtension(
             "bonkernels._C", sources, include_dirs=include_dirs + [os.path.join(cuda_home, "include")],
-            define_macros=[("BK_WITH_CUDA", None)], extra_compile_args=cxx_flags,
+            define_macros=[("BK_WITH_CUDA", None)], extra_compile_args=cxx_flags, extra_link_args=link_flags,
             library_dirs=[os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")], libraries=["cudart"],
             runtime_library_dirs=[os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")])
         ext.bk_cu_sources = cu_sources
@@ -107,7 +113,7 @@ def extensions():
         return [ext], {"build_ext": bare_nvcc_build_ext(cpp_extension.BuildExtension)}
 
     ext = cpp_extension.CppExtension("bonkernels._C", sources, include_dirs=include_dirs,
-                                     extra_compile_args=cxx_flags)
+                                     extra_compile_args=cxx_flags, extra_link_args=link_flags)
     return [ext], {"build_ext": cpp_extension.BuildExtension}
 
 
