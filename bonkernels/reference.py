@@ -379,7 +379,8 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
         g = int((sizes > OFFPOLICY_EXACT_MAX_N).nonzero()[0])
         raise ValueError(f"maxk_offpolicy_exact supports groups of at most {OFFPOLICY_EXACT_MAX_N} samples "
                          f"(its cost is O(n^2 k) per group); group {g} has {int(sizes[g])}")
-    sg = SortedGroups(values, offsets, max_group_size, deltas)
+    # The reference finds the group size itself (one host sync): a wrong hint cannot truncate groups.
+    sg = SortedGroups(values, offsets, None, deltas)
     kk, zero = effective_k(sg.sizes, k, est, small_groups)
     a = natural_values(sg, est, kk, eps)
     if mean_scale and est.scale == "sum":

@@ -288,3 +288,11 @@ def test_registry_is_complete():
         "passk", "tang_loo", "bon_max_mean", "bon_max_second", "bon_mean", "chen_passk", "bon_rlb",
         "bon_rlb_pos", "grpo", "rloo", "dr_grpo"}
     assert len({estimators.get(n).code for n in bk.ESTIMATORS}) == len(bk.ESTIMATORS)
+
+
+def test_reference_ignores_a_wrong_group_size_hint():
+    r = torch.rand(4, 8, dtype=torch.float64)
+    want = bk.advantages(r, 2, backend="torch")
+    got = bk.advantages(r.reshape(-1), 2, offsets=torch.arange(0, 33, 8), backend="torch",
+                        check_inputs=False, max_group_size=3)
+    torch.testing.assert_close(got.reshape(4, 8), want)
