@@ -329,17 +329,18 @@ def effective_k(sizes: torch.Tensor, k: int, est: estimators.Estimator, small_gr
 def natural_values(sg: SortedGroups, est: estimators.Estimator, k: torch.Tensor, eps: float) -> torch.Tensor:
     """The estimator's values in its natural scale, sorted order, [G, width]."""
     name = est.name
-    if name in ("grpo", "rloo", "dr_grpo", "tang_loo", "bon_max_mean", "bon_max_second"):
-        if name == "grpo":
-            return zscore(sg, sg.x, eps)
-        if name == "rloo":
-            return rloo_sum(sg) * sg.n
-        if name == "dr_grpo":
-            return sg.x - sg.mean(sg.x)
-        if name == "tang_loo":
-            return tang_loo(sg)
-        if name == "bon_max_mean":
-            return bon_max_mean(sg)
+    # Estimators that need no weight tables.
+    if name == "grpo":
+        return zscore(sg, sg.x, eps)
+    if name == "rloo":
+        return rloo_sum(sg) * sg.n
+    if name == "dr_grpo":
+        return sg.x - sg.mean(sg.x)
+    if name == "tang_loo":
+        return tang_loo(sg)
+    if name == "bon_max_mean":
+        return bon_max_mean(sg)
+    if name == "bon_max_second":
         return bon_max_second(sg)
     if name == "maxk_offpolicy_exact":
         return offpolicy_exact_weights_sorted(sg, k)[0]
