@@ -398,8 +398,21 @@ def token_terms(lp, old, ref, valid, A, w, p: _LossParams, out: Optional[torch.T
     return loss_sum, grad, torch.stack([clipped_tokens, k1, k3])
 
 
-class _FusedCPUPolicyLoss(torch.autograd.Function):
-    """Loss and gradient in one chunked pass; backward only scales the stored gradient."""
+class SavedGradientLoss(torch.autograd.Function):
+    """Base of the fused losses: forward(logp, old_logp, ref_logp, valid, adv, row_w, p) computes
+    the loss and saves d(loss)/d(logp); backward only scales that saved gradient."""
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_sums):
+        (grad,) = ctx.saved_tensors
+        if grad is None:
+            return (None,) * 7
+        # The stored gradient is for d(loss) = 1 (scaling it needs no host sync, unlike testing for 1).
+        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
+
+
+class _FusedCPUPolicyLoss(SavedGradientLoss):
+    """Loss and gradient in one chunked pass."""
 
     @staticmethod
     def forward(ctx, logp, old_logp, ref_logp, valid, adv, row_w, p):
@@ -432,13 +445,6 @@ class _FusedCPUPolicyLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(sums)
         return total.to(logp.dtype), sums
 
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_sums):
-        (grad,) = ctx.saved_tensors
-        if grad is None:
-            return (None,) * 7
-        # The stored gradient is for d(loss) = 1 (scaling it needs no host sync, unlike testing for 1).
-        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
 
 
 def fused_cpu_loss(logp, old_logp, ref_logp, valid, adv, row_w, p: _LossParams):

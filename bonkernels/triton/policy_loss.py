@@ -15,6 +15,8 @@ import os
 
 import torch
 
+from ..loss import SavedGradientLoss
+
 try:
     import triton
     import triton.language as tl
@@ -153,7 +155,7 @@ def launch(logp, old_logp, ref_logp, valid, adv, row_w, ppo, clip_lo, clip_hi, k
     return totals[0], totals[1:], grad
 
 
-class _TritonPolicyLoss(torch.autograd.Function):
+class _TritonPolicyLoss(SavedGradientLoss):
     @staticmethod
     def forward(ctx, logp, old_logp, ref_logp, valid, adv, row_w, p):
         loss, sums, grad = launch(logp, old_logp, ref_logp, valid, adv, row_w, p.ppo, p.clip_lo, p.clip_hi,
@@ -161,14 +163,6 @@ class _TritonPolicyLoss(torch.autograd.Function):
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(sums)
         return loss.to(logp.dtype), sums
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_sums):
-        (grad,) = ctx.saved_tensors
-        if grad is None:
-            return (None,) * 7
-        # The stored gradient is for d(loss) = 1 (scaling it needs no host sync, unlike testing for 1).
-        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
 
 
 def fused_triton_loss(logp, old_logp, ref_logp, valid, adv, row_w, p):
