@@ -310,13 +310,13 @@ def _auto_backend(values: torch.Tensor, max_group_size: Optional[int]):
         if _native is not None and _native.available():
             return _native.advantages_packed
         return reference.advantages_packed
-    fits = max_group_size is None or max_group_size <= getattr(_native, "CUDA_MAX_GROUP", 4096)
-    if _native is not None and _native.cuda_available() and fits:
+    if _native is not None and _native.cuda_available() and (
+            max_group_size is None or max_group_size <= _native.CUDA_MAX_GROUP):
         return _native.advantages_packed
     try:
         from . import triton as triton_backend
-        from .triton._config import MAX_BLOCK
-        if triton_backend.available() and (max_group_size is not None and max_group_size <= MAX_BLOCK):
+        if triton_backend.available() and max_group_size is not None \
+                and max_group_size <= triton_backend.MAX_GROUP_SIZE:
             return triton_backend.advantages_packed
     except ImportError:
         pass

@@ -78,13 +78,11 @@ def weight_tables(n: torch.Tensor, k: torch.Tensor, width: int):
 class SortedGroups:
     """The packed groups as a sorted, padded float64 matrix, with what is needed to go back."""
 
-    def __init__(self, values: torch.Tensor, offsets: torch.Tensor, width: Optional[int] = None,
-                 deltas: Optional[torch.Tensor] = None):
+    def __init__(self, values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor] = None):
         self.sizes = offsets[1:] - offsets[:-1]
         G = self.sizes.numel()
-        if width is None:
-            width = int(self.sizes.max()) if G else 0
-        width = max(width, 1)
+        # The widest group, found here (one host sync) rather than trusted from a caller's hint.
+        width = max(int(self.sizes.max()) if G else 0, 1)
         self.width = width
         cols = torch.arange(width, device=values.device)
         self.valid = cols[None, :] < self.sizes[:, None]
@@ -177,8 +175,9 @@ def _prefix_symmetric_means(r: torch.Tensor, valid: torch.Tensor, m_max: int) ->
     return E
 
 
-def _add_element(state: torch.Tensor, r: torch.Tensor, p: int, m: torch.Tensor) -> torch.Tensor:
-    """Symmetric means of a p-element set -> of the set plus r (batched over the leading dims)."""
+def _add_element(state: torch.Tensor, r: torch.Tensor, p, m: torch.Tensor) -> torch.Tensor:
+    """Symmetric means of a p-element set -> of the set plus r (batched over the leading dims;
+    p is an int or a tensor that broadcasts against state)."""
     p1 = p + 1
     lower = F.pad(state[..., :-1], (1, 0))
     return flush_subnormal(((p1 - m) / p1) * state + (m / p1) * r * lower)
@@ -224,12 +223,8 @@ def offpolicy_exact_weights_sorted(sg: SortedGroups, k: torch.Tensor):
         e_km2 = torch.gather(state, 2, index_km2)[..., 0]
         off_diag = off_diag + w * e_km2
         # add r_j to the set; P_j without i has j - 2 elements (0-based j: j - 1 elements)
-        p = (jj - 1).to(torch.float64)[None, :, None]
-        p1 = (p + 1).clamp(min=1)
-        lower = F.pad(state[..., :-1], (1, 0))
-        rj = r[:, jj][:, :, None]
-        state = torch.where(live[None, :, None], flush_subnormal(((p1 - m) / p1) * state + (m / p1) * rj * lower),
-                            state)
+        size = (jj - 1).to(torch.float64)[None, :, None]
+        state = torch.where(live[None, :, None], _add_element(state, r[:, jj][:, :, None], size, m), state)
     off_diag = torch.where(k[:, None] >= 2, off_diag, torch.zeros_like(off_diag))
     scale = c ** k.to(torch.float64)[:, None]
     weights = sg.masked(scale * r * (diag + off_diag))
@@ -380,8 +375,7 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
         g = int((sizes > OFFPOLICY_EXACT_MAX_N).nonzero()[0])
         raise ValueError(f"maxk_offpolicy_exact supports groups of at most {OFFPOLICY_EXACT_MAX_N} samples "
                          f"(its cost is O(n^2 k) per group); group {g} has {int(sizes[g])}")
-    # The reference finds the group size itself (one host sync): a wrong hint cannot truncate groups.
-    sg = SortedGroups(values, offsets, None, deltas)
+    sg = SortedGroups(values, offsets, deltas)   # max_group_size is not needed: see SortedGroups
     kk, zero = effective_k(sg.sizes, k, est, small_groups)
     a = natural_values(sg, est, kk, eps)
     if mean_scale and est.scale == "sum":
