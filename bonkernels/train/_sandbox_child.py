@@ -97,6 +97,7 @@ def _pivot_root_number():
         return 41
     raise OSError(0, f"pivot_root: unknown system call number on {machine}")
 
+
 _READ_ONLY_DIRS = ("/usr", "/etc")
 _TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -110,6 +111,8 @@ def _bind_read_only(source, target):
 
 def _build_root(new_root, tmp_bytes, layers):
     """A fresh root: read-only system directories, a minimal /dev, a private writable /tmp."""
+    # a mount namespace of the init's own, so that the runner keeps the host's view
+    _check(_libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     os.makedirs(new_root, mode=0o755, exist_ok=True)
     _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
@@ -139,9 +142,9 @@ def _build_root(new_root, tmp_bytes, layers):
     _mount("tmpfs", new_root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={int(tmp_bytes)},mode=1777")
     os.makedirs(new_root + "/proc")
-    os.makedirs(new_root + "/.old-root")
-    _check(_libc.syscall(_pivot_root_number(), new_root.encode(), (new_root + "/.old-root").encode()),
-           "pivot_root")
+    put_old = new_root + "/.old-root"
+    os.makedirs(put_old)
+    _check(_libc.syscall(_pivot_root_number(), new_root.encode(), put_old.encode()), "pivot_root")
     os.chdir("/")
     _check(_libc.umount2(b"/.old-root", MNT_DETACH), "umount the old root")
     os.rmdir("/.old-root")
@@ -413,6 +416,10 @@ def main():
     init = os.fork()
     if init == 0:
         _init(req, ctx, True, result_fd, layers)
+    try:  # lets the caller (and the tests) check that nothing of this namespace outlives the run
+        _report(result_fd, pidns=os.readlink(f"/proc/{init}/ns/pid"))
+    except OSError:
+        pass
     os.close(result_fd)
 
     def kill_namespace(*_):

@@ -13,7 +13,10 @@ from .tasks import TASKS
 
 # Flags that may differ when resuming (everything else must match the interrupted run).
 RESUME_OVERRIDABLE = {"steps", "device", "save_every", "eval_every", "progress", "threads",
-                      "log_every", "plots", "export", "resume", "config", "sandbox_workers"}
+                      "log_every", "plots", "export", "resume", "config", "sandbox_workers",
+                      "out", "sandbox_allow_unisolated"}
+# Settings that name files: equal when they name the same file (a moved or relative run directory).
+PATH_SETTINGS = ("model", "init_from", "warmstart_cache")
 
 DESCRIPTION = """\
 Fine-tune a causal transformer with RL on verifiable rewards, using bonkernels' pass@k / max@k
@@ -33,7 +36,9 @@ on-policy weights; with more epochs the same samples are reused and the deltas m
 
 A config file (--config run.json / .toml / .yaml) sets any flag by its long name with
 underscores (e.g. {"estimator": "grpo", "ppo_epochs": 3}); flags given on the command line win.
---resume continues from OUT/checkpoint.pt with the saved configuration.
+--resume continues from OUT/checkpoint.pt with the configuration saved in OUT/config.json (or
+restarts the run from its beginning with that configuration when it was killed before its first
+checkpoint); a setting that differs, on the command line or in a --config file, is refused.
 """
 
 
@@ -68,6 +73,10 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
         help="completion length limit (default: the task's, 8 for synth, 256 for humaneval)")
     add("--sandbox-timeout", type=float, default=5.0, help="seconds per HumanEval program")
     add("--sandbox-workers", type=int, default=2, help="HumanEval programs run in parallel")
+    add("--sandbox-allow-unisolated", action="store_true", default=False,
+        help="run HumanEval completions even where the sandbox lacks its namespaces and user "
+             "switch (no root): they can then reach the network through ctypes, outlive the "
+             "wall-clock kill and write anywhere the trainer's user can")
     # RL
     add("--estimator", default="maxk_loo1", choices=estimators.ESTIMATORS)
     add("--k", type=int, default=4, help="pass@k / max@k target (start value when annealing)")
@@ -146,30 +155,65 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     explicit = vars(build_parser(suppress=True).parse_args(argv))
     pre = parser.parse_args(argv)
+    from_file = {}
     if pre.config:
-        values = load_config_file(pre.config)
+        from_file = load_config_file(pre.config)
         known = {a.dest for a in parser._actions}
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(from_file) - known)
         if unknown:
             raise ValueError(f"{pre.config}: unknown settings {unknown}")
-        parser.set_defaults(**values)
+        parser.set_defaults(**from_file)
     cfg = parser.parse_args(argv)
     if cfg.resume:
-        saved = os.path.join(cfg.out, "config.json")
-        if os.path.exists(saved) and os.path.exists(os.path.join(cfg.out, "checkpoint.pt")):
-            with open(saved) as f:
-                stored = json.load(f)
-            for key, value in explicit.items():
-                if key not in RESUME_OVERRIDABLE and stored.get(key) != value:
-                    raise ValueError(f"--{key.replace('_', '-')} {value!r} differs from the run "
-                                     f"being resumed ({stored.get(key)!r})")
-            stored.update({k: v for k, v in explicit.items() if k in RESUME_OVERRIDABLE})
-            stored["resume"] = True
-            cfg = argparse.Namespace(**stored)
+        cfg = _resume_config(cfg, explicit, from_file)
     if cfg.warmstart_steps is None:
         cfg.warmstart_steps = 300 if (cfg.task == "synth" and cfg.model in BUILTIN_MODELS
                                       and not cfg.init_from) else 0
     return cfg
+
+
+def _resume_config(cfg, explicit: dict, from_file: dict) -> argparse.Namespace:
+    """The saved configuration of OUT, with the settings that may change; refuse any other change.
+
+    Settings given on the command line and in a --config file are treated alike.
+    """
+    saved = os.path.join(cfg.out, "config.json")
+    if not os.path.exists(saved):
+        raise ValueError(f"--resume: nothing to resume in {cfg.out!r}: {saved} does not exist "
+                         f"(a run writes it when it starts); run without --resume to start one")
+    try:
+        with open(saved) as f:
+            stored = json.load(f)
+        if not isinstance(stored, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        raise ValueError(f"--resume: {saved} is damaged ({e}); it holds the run's settings, so the "
+                         f"run cannot be resumed: restore it, or start a new run without --resume")
+    given = {**from_file, **explicit}
+    for key in sorted(given):
+        if key in RESUME_OVERRIDABLE:
+            continue
+        value = getattr(cfg, key)
+        if not _same_setting(key, value, stored.get(key)):
+            where = "in the --config file " if key not in explicit else ""
+            raise ValueError(f"--{key.replace('_', '-')} {value!r} {where}differs from the run "
+                             f"being resumed ({stored.get(key)!r}); only "
+                             f"{', '.join(sorted(RESUME_OVERRIDABLE))} may change on --resume")
+    merged = vars(build_parser().parse_args([]))  # settings added since the run was saved
+    merged.update(stored)
+    merged.update({k: getattr(cfg, k) for k in given if k in RESUME_OVERRIDABLE})
+    merged["out"] = cfg.out  # the run directory may have moved
+    merged["resume"] = True
+    return argparse.Namespace(**merged)
+
+
+def _same_setting(key: str, a, b) -> bool:
+    a, b = json.loads(json.dumps(a)), json.loads(json.dumps(b))  # tuples and lists alike
+    if a == b:
+        return True
+    if key in PATH_SETTINGS and isinstance(a, str) and isinstance(b, str):
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    return False
 
 
 def main(argv=None) -> int:

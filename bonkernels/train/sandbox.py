@@ -53,7 +53,7 @@ class SandboxResult:
 
 
 @dataclass(frozen=True)
-class Tests:
+class HiddenTests:
     """Hidden tests run by the trusted driver against a completion's function ``entry``.
 
     ``prelude`` (trusted, e.g. the task's prompt) and ``test`` (with ``check(candidate)`` and every
@@ -72,7 +72,7 @@ class Tests:
 def run_sandboxed(code: str, *, timeout: float = 5.0, memory_bytes: int = 1 << 30,
                   file_bytes: int = 1 << 20, nproc: int = 64, open_files: int = 64,
                   tmp_bytes: int = 64 << 20, output_chars: int = 100_000,
-                  tests: Tests | None = None, isolate: bool = True) -> SandboxResult:
+                  tests: HiddenTests | None = None, isolate: bool = True) -> SandboxResult:
     """Run Python source ``code`` in the sandbox (or drive ``tests`` against it)."""
     if not timeout > 0:
         raise ValueError("timeout must be positive")

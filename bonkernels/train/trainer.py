@@ -20,6 +20,7 @@ from .distributed import Dist
 from .evaluate import evaluate
 from .models import count_parameters, export_model, load_model
 from .rollout import sample, token_logprobs
+from .scoring import safe_rewards
 from .tasks import make_task
 from .warmstart import supervised_warm_start, warm_start_key
 
@@ -80,8 +81,7 @@ class MetricsLog:
         """Drop lines logged after the checkpoint we resume from (they will be redone)."""
         if not self.enabled or not os.path.exists(self.path):
             return
-        with open(self.path) as f:
-            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        keep = [json.dumps(r, sort_keys=True) + "\n" for r in self.read() if r["step"] <= step]
         ckpt.atomic_write_bytes(self.path, "".join(keep).encode())
 
     def write(self, record: dict) -> None:
@@ -91,10 +91,28 @@ class MetricsLog:
                 f.flush()
 
     def read(self) -> list[dict]:
+        """The records; a torn last line (a kill during its write) is dropped with a warning."""
         if not os.path.exists(self.path):
             return []
         with open(self.path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            lines = f.read().split("\n")
+        records = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or "step" not in record:
+                    raise ValueError("not a metrics record")
+            except ValueError as e:
+                if all(not rest.strip() for rest in lines[number:]):
+                    print(f"warning: {self.path}: dropped its torn last line {number} "
+                          f"({line[:60]!r}...)", file=sys.stderr, flush=True)
+                    break
+                raise ValueError(f"{self.path}, line {number}: {e}; the file is damaged before its "
+                                 f"last line: repair or delete that line") from e
+            records.append(record)
+        return records
 
 
 def _train_problems(task, cfg, step: int, dist: Dist):
@@ -156,7 +174,8 @@ def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, l
     problems = _train_problems(task, cfg, step, dist)
     roll = sample(model, tokenizer, [p.prompt for p in problems], cfg.n, task.max_new_tokens,
                   dist.device)
-    fractions = task.rewards([p for p in problems for _ in range(cfg.n)], roll.texts)
+    fractions, unscored = safe_rewards(task, [p for p in problems for _ in range(cfg.n)],
+                                       roll.texts)
     rewards = torch.tensor(fractions, dtype=torch.float64, device=dist.device)
     if cfg.reward == "binary":
         rewards = (rewards >= 1.0).to(torch.float64)
@@ -183,6 +202,7 @@ def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, l
         opt.step()
         losses.append(float(loss.detach()))
     sched.step()
+    _fault("mid-step", step)
     fr = torch.tensor(fractions, dtype=torch.float64)
     record = {
         "kind": "train", "step": step, "k": k, "lr": sched.get_last_lr()[0],
@@ -196,7 +216,42 @@ def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, l
     for name in ("clip_frac", "approx_kl", "adv_abs_mean", "objective"):
         if name in stats:
             record[name] = dist.mean(float(stats[name]))
+    if unscored:  # completions scored 0 (or clamped) because their reward was unusable
+        record["unscored"] = dict(sorted(unscored.items()))
     return record
+
+
+def _fault(point: str, step: int) -> None:
+    """Fault injection for the resume tests: BONKERNELS_TRAIN_FAULT="mid-step:3,checkpoint-write:4"
+    SIGKILLs the run at those points (after-log: after logging a step, before checkpointing it;
+    mid-step: after the optimiser step, before logging; checkpoint-write: halfway through writing
+    the checkpoint of that step)."""
+    spec = os.environ.get("BONKERNELS_TRAIN_FAULT", "")
+    if os.environ.get("BONKERNELS_TRAIN_KILL_AT_STEP"):
+        spec += ",after-log:" + os.environ["BONKERNELS_TRAIN_KILL_AT_STEP"]
+    if f"{point}:{step}" in spec.split(","):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _check_sandbox(cfg, log) -> None:
+    """Say which isolation layers the sandbox has; refuse reduced isolation unless opted in."""
+    from . import sandbox
+
+    layers = sandbox.isolation_layers()
+    missing = sandbox.missing_layers()
+    log(f"sandbox isolation layers: {', '.join(layers) or 'none'}")
+    if not missing:
+        return
+    message = (f"the sandbox that runs model-written code lacks these isolation layers: "
+               f"{', '.join(missing)} (they need root and Linux namespaces). Without them a "
+               f"completion runs as this user: it can reach the network and local sockets through "
+               f"ctypes or a subprocess, outlive the wall-clock kill with setsid, and write "
+               f"anywhere this user can.")
+    if not getattr(cfg, "sandbox_allow_unisolated", False):
+        raise RuntimeError(message + " Run as root, or pass --sandbox-allow-unisolated to "
+                           "accept that risk.")
+    bar = "!" * 78
+    log(f"{bar}\nWARNING: {message} Continuing because of --sandbox-allow-unisolated.\n{bar}")
 
 
 def run(cfg) -> dict:
@@ -207,9 +262,22 @@ def run(cfg) -> dict:
     log = (lambda msg: print(msg, flush=True)) if dist.is_main else (lambda msg: None)
     validate(cfg)
     os.makedirs(cfg.out, exist_ok=True)
+    if dist.is_main:  # temporary files of an atomic write that a kill interrupted
+        stale = ckpt.remove_stale_temp_files(cfg.out, (ckpt.CHECKPOINT_NAME, METRICS_FILE,
+                                                       CONFIG_FILE, SUMMARY_FILE))
+        if stale:
+            log(f"removed {len(stale)} temporary file(s) left by an interrupted write: {stale}")
+    dist.barrier()
     metrics = MetricsLog(os.path.join(cfg.out, METRICS_FILE), dist.is_main)
     ckpt_path = os.path.join(cfg.out, ckpt.CHECKPOINT_NAME)
-    resume_state = ckpt.load(ckpt_path) if cfg.resume and os.path.exists(ckpt_path) else None
+    resume_state = None
+    if cfg.resume and os.path.exists(ckpt_path):
+        resume_state = ckpt.load_checkpoint(ckpt_path)
+    elif cfg.resume:
+        log(f"no checkpoint in {cfg.out}: the run was stopped before its first one; restarting it "
+            f"from the beginning with its saved configuration")
+    if cfg.task == "humaneval":
+        _check_sandbox(cfg, log)
 
     task = make_task(cfg.task, seed=cfg.task_seed, sandbox_timeout=cfg.sandbox_timeout,
                      workers=cfg.sandbox_workers, synth_depth_weights=cfg.synth_depth_weights)
@@ -276,10 +344,9 @@ def run(cfg) -> dict:
     for step in range(start + 1, cfg.steps + 1):
         record = train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, loss_fn)
         metrics.write(record)
-        if os.environ.get("BONKERNELS_TRAIN_KILL_AT_STEP") == str(step):
-            # fault injection for the resume test: die like a killed job, after logging this
-            # step and before checkpointing it
-            os.kill(os.getpid(), signal.SIGKILL)
+        if record.get("unscored"):
+            log(f"step {step}: completions scored 0 without a usable reward: {record['unscored']}")
+        _fault("after-log", step)
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
             last_eval = run_eval(step)
             metrics.write(last_eval)
@@ -324,6 +391,6 @@ def _save(path, step, model, opt, sched, ref_model, dist: Dist):
                  "scheduler": sched.state_dict(), "rng": rngs, "world_size": dist.world}
         if ref_model is not None:
             state["ref_model"] = ref_model.state_dict()
-        ckpt.atomic_save(state, path)
+        ckpt.atomic_save(state, path, halfway=lambda: _fault("checkpoint-write", step))
     dist.barrier()
 

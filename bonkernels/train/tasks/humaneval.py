@@ -28,7 +28,7 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from ..sandbox import Tests, run_sandboxed
+from ..sandbox import HiddenTests, run_sandboxed
 from . import Problem, truncate_at_stop
 
 
@@ -63,7 +63,11 @@ def score_counts(counts, static_asserts: int) -> float:
     """Reward from the driver's counts: passed / executed assertions, in [0, 1].
 
     check() stopped early (an error outside any assert): the skipped assertions count as failed.
+    A completion that does not load (a syntax error, no such function) gets 0, even for the
+    assertions that hold without it (``assert True``).
     """
+    if counts.get("loaded") is False:
+        return 0.0
     executed, passed = int(counts["executed"]), int(counts["passed"])
     total = executed if counts.get("finished") else max(executed, static_asserts)
     return clamp_reward(passed / total) if total > 0 else 0.0
@@ -118,7 +122,7 @@ class HumanEvalTask:
         """The completion's reward; never raises (an unscorable completion gets 0, counted)."""
         try:
             completion = truncate_at_stop(completion, self.stop_texts)
-            tests = Tests(prelude=problem.prompt, test=problem.data["instrumented"],
+            tests = HiddenTests(prelude=problem.prompt, test=problem.data["instrumented"],
                           entry=problem.data["entry_point"])
             result = run_sandboxed(problem.prompt + completion, timeout=self.timeout, tests=tests)
             if result.timed_out:
