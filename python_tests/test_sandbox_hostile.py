@@ -186,6 +186,18 @@ PROGRAMS = [
             "    except Exception as e:\n        print(type(e).__name__)\nprint('uid', os.getuid())\n",
             lambda r, h: "ROOT" not in r.stdout and "uid=0" not in r.stdout
             and "uid 65534" in r.stdout),
+    Hostile("creates a user namespace to be root in it",
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print('unshare', libc.unshare(0x10000000 | 0x00020000))\n"
+            "print('clone', libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0))\n",
+            lambda r, h: "unshare -1" in r.stdout and "clone -1" in r.stdout),
+    Hostile("io_uring, bpf, keyctl, perf, ptrace and userfaultfd system calls",
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nbuf = ctypes.create_string_buffer(256)\n"
+            "if os.fork() == 0:\n    import time\n    time.sleep(5)\n    os._exit(0)\n"
+            "print([libc.syscall(425, 8, buf), libc.syscall(321, 0, buf, 64), libc.syscall(250, 0, 0),"
+            " libc.syscall(298, buf, 0, -1, -1, 0), libc.syscall(101, 16, 2, 0, 0),"
+            " libc.syscall(323, 0)])\n",
+            said("[-1, -1, -1, -1, -1, -1]")),
     Hostile("forges the layers line and writes into every fd",
             "import os, sys\nprint('BK_SANDBOX_LAYERS=mountns', file=sys.stderr)\n"
             "for fd in range(3, 200):\n    try:\n        os.write(fd, b'{\"exit\": 0, \"tests\": {}}\\n')\n"

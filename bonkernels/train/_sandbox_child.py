@@ -13,8 +13,9 @@ the active isolation layers, then one with the outcome. Three processes:
   When the init exits or is killed, the kernel kills every process of the namespace: the program
   never guards its own lifetime (a ``setsid`` + ``PR_SET_PDEATHSIG, 0`` + fork does not help it).
 * the program: a fresh ``execve`` of the interpreter (``_sandbox_program.py``) as user nobody
-  with no new privileges and resource limits (CPU, address space, file size, processes, open
-  files, no core). Its stdin is /dev/null, stdout/stderr the caller's capture files; fds 3 and 4
+  with no new privileges, resource limits (CPU, address space, file size, processes, open
+  files, no core) and, on x86_64, a seccomp filter (``_seccomp_program``: no new namespaces,
+  no ptrace, bpf, io_uring, keyctl, perf events, userfaultfd or mount calls, no other ABI). Its stdin is /dev/null, stdout/stderr the caller's capture files; fds 3 and 4
   are its protocol pipes to the init.
 
 The program's root file system is a fresh tmpfs (built by ``_build_root``) holding read-only bind
@@ -153,6 +154,57 @@ def _build_root(new_root, tmp_bytes, layers):
     layers += ["own-root", "readonly-system", "private-tmp", "private-proc"]
 
 
+# --------------------------------------------------------------------------- system calls
+
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_SECCOMP_ALLOW, _SECCOMP_KILL, _SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_NAMESPACE_FLAGS = 0x10000000 | 0x7E020080  # CLONE_NEWUSER and every other CLONE_NEW* flag
+# x86_64 numbers: ptrace, bpf, keyctl, add_key, request_key, perf_event_open, userfaultfd, setns,
+# mount, umount2, pivot_root, io_uring_{setup,enter,register}, kexec_load, kexec_file_load,
+# init_module, finit_module, reboot, acct, swapon, swapoff, open_by_handle_at, fsopen, fsmount,
+# move_mount, open_tree, mount_setattr
+_DENIED = (101, 321, 250, 248, 249, 298, 323, 308, 165, 166, 155, 425, 426, 427, 246, 320, 175,
+           313, 169, 163, 167, 168, 304, 430, 432, 429, 428, 442)
+_UNSHARE, _CLONE, _CLONE3 = 272, 56, 435
+
+
+def seccomp_supported():
+    import platform
+
+    return platform.machine() == "x86_64"
+
+
+def _seccomp_program():
+    """A classic-BPF filter: refuse namespace creation and the kernel's riskier interfaces."""
+    ld = lambda offset: (0x20, 0, 0, offset)  # noqa: E731  BPF_LD | BPF_W | BPF_ABS
+    ret = lambda value: (0x06, 0, 0, value)  # noqa: E731  BPF_RET | BPF_K
+    eq = lambda k, jt, jf: (0x15, jt, jf, k)  # noqa: E731  BPF_JMP | BPF_JEQ | BPF_K
+    prog = [ld(4), eq(_AUDIT_ARCH_X86_64, 1, 0), ret(_SECCOMP_KILL),  # another ABI (int 0x80)
+            ld(0), (0x35, 0, 1, 0x40000000), ret(_SECCOMP_KILL),  # JGE: the x32 ABI
+            eq(_CLONE3, 0, 1), ret(_SECCOMP_ERRNO | 38)]  # ENOSYS: libc falls back to clone
+    for number in _DENIED:
+        prog += [eq(number, 0, 1), ret(_SECCOMP_ERRNO | 1)]  # EPERM
+    prog += [eq(_UNSHARE, 1, 0), eq(_CLONE, 0, 3),
+             ld(16), (0x45, 0, 1, _NAMESPACE_FLAGS), ret(_SECCOMP_ERRNO | 1),  # JSET on flags
+             ret(_SECCOMP_ALLOW)]
+    return prog
+
+
+def _install_seccomp():
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    prog = _seccomp_program()
+    filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
+    fprog = Program(len(prog), filters)
+    PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
 # --------------------------------------------------------------------------- the program
 
 
@@ -205,6 +257,8 @@ class Program:
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         for which, value in _program_limits(ctx["req"]):
             resource.setrlimit(which, (value, value))
+        if ctx["seccomp"]:
+            _install_seccomp()
         env = {"PATH": "/usr/bin:/bin", "HOME": ctx["workdir"], "LANG": "C.UTF-8"}
         os.execve(ctx["python"], [ctx["python"], "-I", "-S", "-c", ctx["program_source"]], env)
 
@@ -366,6 +420,8 @@ def _init(req, ctx, namespaces, result_fd, layers):
         os.chown(ctx["workdir"], ctx["drop_to"], ctx["drop_to"])
         layers.append("uid-nobody")
     layers += ["no-new-privs", "rlimits"]
+    if ctx["seccomp"]:
+        layers.append("seccomp")
     if ctx["block_sockets"]:
         layers.append("socket-audit-hook")
     _report(result_fd, layers=layers)
@@ -410,6 +466,7 @@ def main():
         "python": os.path.realpath(sys.executable),
         "drop_to": _nobody() if namespaces else None,
         "block_sockets": not namespaces, "deadline": time.monotonic() + float(req["timeout"]),
+        "seccomp": namespaces and seccomp_supported(),
     }
     if not namespaces:
         _init(req, ctx, False, result_fd, layers)
