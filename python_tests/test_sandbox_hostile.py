@@ -37,6 +37,7 @@ needs_root = pytest.mark.skipif(not IS_ROOT, reason="namespaces and the uid swit
 NOBODY = 65534
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTAINED: list[str] = []  # names of the programs found contained
+TRIED: list[str] = []
 
 
 @dataclass
@@ -428,6 +429,7 @@ def _run(program, host, problem, marker):
 @needs_root
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
 def test_hostile_program_is_contained(program, host, problem):
+    TRIED.append(program.name)
     marker = "bkh" + uuid.uuid4().hex[:9]  # 12 characters: fits a process name
     before = host.snapshot()
     host.accepted.clear()
@@ -456,6 +458,8 @@ def test_hostile_program_is_contained(program, host, problem):
 
 @needs_root
 def test_contained_tally(capsys):
+    if len(TRIED) < len(PROGRAMS):
+        pytest.skip("only part of the hostile suite ran")
     line = f"hostile programs: {len(CONTAINED)}/{len(PROGRAMS)} contained"
     with capsys.disabled():
         print("\n" + line)

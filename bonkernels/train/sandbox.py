@@ -102,9 +102,10 @@ def run_sandboxed(code: str, *, timeout: float = 5.0, memory_bytes: int = 1 << 3
                     stderr=err, cwd=tmp, env=env, start_new_session=True, pass_fds=(result_w,))
         finally:
             os.close(result_w)
+        os.set_blocking(result_r, False)  # never wait on it: the reports fit in the pipe's buffer
         with os.fdopen(result_r, "rb") as results:
             timed_out = _feed_and_wait(proc, json.dumps(request).encode(), timeout)
-            trusted_text = results.read(1 << 20).decode("utf-8", errors="replace")
+            trusted_text = (results.read(1 << 20) or b"").decode("utf-8", errors="replace")
         stdout = _read_text(out_path, output_chars)
         stderr = _read_text(err_path, output_chars)
     trusted = {}
