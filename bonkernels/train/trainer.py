@@ -276,6 +276,12 @@ def run(cfg) -> dict:
     elif cfg.resume:
         log(f"no checkpoint in {cfg.out}: the run was stopped before its first one; restarting it "
             f"from the beginning with its saved configuration")
+    if resume_state is None and dist.is_main:
+        if os.path.exists(ckpt_path):  # a new run here: --resume must never pick up the old one
+            os.unlink(ckpt_path)
+            log(f"removed {ckpt_path} of an earlier run in {cfg.out}")
+        # saved before the (long) warm start, so that a run killed at any point can be resumed
+        ckpt.atomic_write_json(vars(cfg), os.path.join(cfg.out, CONFIG_FILE))
     if cfg.task == "humaneval":
         _check_sandbox(cfg, log)
 
@@ -329,7 +335,6 @@ def run(cfg) -> dict:
         torch.manual_seed(cfg.seed * 7919 + dist.rank)
         start = 0
         if dist.is_main:
-            ckpt.atomic_write_json(vars(cfg), os.path.join(cfg.out, CONFIG_FILE))
             if os.path.exists(metrics.path):
                 os.unlink(metrics.path)
         log(f"model {cfg.model}: {count_parameters(model):,} parameters; task {cfg.task}; "
