@@ -15,10 +15,12 @@ the active isolation layers, then one with the outcome. Three processes:
 * the program: a fresh ``execve`` of the interpreter (``_sandbox_program.py``) as user nobody
   with no new privileges, resource limits (CPU, address space, file size, processes, open
   files, no core) and, on x86_64, a seccomp filter (``_seccomp_program``: no new namespaces,
-  no ptrace, bpf, io_uring, keyctl, perf events, userfaultfd or mount calls, no other ABI). Its stdin is /dev/null, stdout/stderr the caller's capture files; fds 3 and 4
-  are its protocol pipes to the init.
+  no ptrace, bpf, io_uring, keyctl, perf events, userfaultfd or mount calls, no other ABI).
+  Its stdin is /dev/null, stdout/stderr the caller's capture files; fds 3 and 4 are its
+  protocol pipes to the init.
 
-The program's root file system is a fresh tmpfs (built by ``_build_root``) holding read-only bind
+The program's root file system (built by the init in a mount namespace of its own, so the runner
+keeps the host's view) is a fresh tmpfs holding read-only bind
 mounts of /usr, /etc and the interpreter's prefix (plus the /bin, /lib... links), a minimal /dev
 (null, zero, full, random, urandom), a /proc of its own PID namespace mounted with hidepid=2 and
 a private, size-limited tmpfs /tmp (its working directory is /tmp/work): the only writable place.
@@ -323,9 +325,12 @@ class _Candidate:
 
     def _start(self):
         self.program = Program(self.ctx)
-        self.program.send({"mode": "serve", "code": self.code, "entry": self.entry,
-                           "block_sockets": self.ctx["block_sockets"]})
-        text = self.program.receive(self.ctx["deadline"])
+        try:
+            self.program.send({"mode": "serve", "code": self.code, "entry": self.entry,
+                               "block_sockets": self.ctx["block_sockets"]})
+            text = self.program.receive(self.ctx["deadline"])
+        except OSError:  # it died before reading its request
+            text = None
         loaded = False
         if text is not None:
             try:
