@@ -524,3 +524,27 @@ def test_no_reward_can_stop_training_or_leave_0_1():
     assert values == [0.0] * 3 and reasons == {"task-error:OverflowError": 3}
     values, reasons = safe_rewards(Wild([0.5]), [0] * 2, ["c"] * 2)
     assert values == [0.0] * 2 and reasons == {"wrong-count": 2}
+
+
+def test_protocol_values_round_trip_and_nothing_else_crosses():
+    import json
+    import runpy
+
+    from bonkernels.train import sandbox
+
+    codec = runpy.run_path(sandbox._PROGRAM, run_name="codec")
+    values = [1, -2.5, float("inf"), "a\udc80", None, True, (1, (2,)), {(1, 2): [3]}, {1, 2},
+              frozenset([3]), b"xy", 1 + 2j, 10**300]
+    wire = json.loads(json.dumps(codec["encode"](values)))
+    back = codec["restore"](wire)
+    assert back == values and [type(v) for v in back] == [type(v) for v in values]
+
+    class Rigged(int):
+        def __eq__(self, other):
+            return True
+
+    assert type(codec["restore"](codec["encode"](Rigged(3)))) is int
+    with pytest.raises(TypeError):
+        codec["encode"](object())
+    with pytest.raises(codec["ProtocolError"]):
+        codec["restore"]({"x": 1})

@@ -75,3 +75,12 @@ def test_unscorable_completions_get_zero_with_a_counted_reason(task, monkeypatch
     before = task.unscored["error:OverflowError"]
     assert task.rewards([p, p], ["    return True\n"] * 2) == [0.0, 0.0]
     assert task.unscored["error:OverflowError"] == before + 2
+
+
+@pytest.mark.slow
+def test_every_canonical_solution_passes_through_the_driver_protocol(task):
+    """All 164 problems: the plain-data protocol carries every argument and answer the tests use."""
+    problems = [task.problem("eval", i) for i in range(33)] + [
+        task.problem("train", i) for i in range(131)]
+    rewards = task.rewards(problems, [p.solution for p in problems])
+    assert [p.key for p, r in zip(problems, rewards) if r != 1.0] == []

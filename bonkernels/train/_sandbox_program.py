@@ -38,13 +38,9 @@ def encode(value, depth=0):
     """Plain data -> JSON-able tagged form; anything else raises TypeError."""
     if depth > MAX_DEPTH:
         raise TypeError("value nested too deeply")
-    kind = type(value)
-    if value is None or kind in (bool, str):
-        return value
-    if kind is int:
-        return value
-    if kind is float:
-        return value
+    # subclasses become their plain base type: nothing of a program's own class crosses
+    if value is None:
+        return None
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
@@ -67,7 +63,7 @@ def encode(value, depth=0):
         return {"b": bytes(value).hex()}
     if isinstance(value, complex):
         return {"c": [float(value.real), float(value.imag)]}
-    raise TypeError(f"cannot pass a {kind.__name__} across the sandbox boundary")
+    raise TypeError(f"cannot pass a {type(value).__name__} across the sandbox boundary")
 
 
 def restore(value):
