@@ -103,6 +103,7 @@ def test_verl_drop_in_adds_to_verls_own_metrics(monkeypatch):
     infos = {"acc": acc, "score": score, "pred": ["x"] * len(acc)}
     original = metric_utils.process_validation_metrics
     monkeypatch.setattr(metric_utils, "process_validation_metrics", original)   # restored after the test
+    monkeypatch.setattr(verl_validation, "_SETTINGS", dict(verl_validation._SETTINGS))
     verl_validation.install(ks=[1, 4], k_weights=[1.0, 0.0, 0.0, 1.0])
     from verl.trainer.ppo.metric_utils import process_validation_metrics   # what verl's trainer imports
     assert process_validation_metrics is verl_validation.process_validation_metrics
