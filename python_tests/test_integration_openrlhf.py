@@ -193,3 +193,23 @@ def test_cli_accepts_bk_estimators(monkeypatch):
         p = argparse.ArgumentParser()
         p.add_argument("--algo.advantage.estimator", choices=["rloo"])
         p.parse_args(["--algo.advantage.estimator", "bk_maxk"])
+
+
+def test_ray_workers_run_the_install_hook(monkeypatch):
+    """main()'s Ray job environment: every worker imports the adapter and sees BONKERNELS_*."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already running in this process")
+    monkeypatch.setenv("BONKERNELS_K", "4")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(bk.__file__)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    env = bk_openrlhf.ray_runtime_env()
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=env)
+    try:
+        @ray.remote
+        def probe():
+            return "bonkernels.integrations.openrlhf" in sys.modules, os.environ.get("BONKERNELS_K")
+
+        assert ray.get(probe.remote()) == (True, "4")
+    finally:
+        ray.shutdown()

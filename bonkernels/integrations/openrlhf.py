@@ -213,6 +213,16 @@ class _ExtendOpenRLHFParser:
         return False
 
 
+def ray_runtime_env() -> dict:
+    """OpenRLHF's own job environment, the ``BONKERNELS_*`` variables, and a hook that runs
+    :func:`install` in every Ray worker (OpenRLHF's trainer is a Ray actor)."""
+    env = {"TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+           "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+           "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("BONKERNELS_")})
+    return {"env_vars": env, "worker_process_setup_hook": "bonkernels.integrations.openrlhf._worker_setup"}
+
+
 def main(argv: Optional[Sequence[str]] = None, init_ray: bool = True) -> None:
     """OpenRLHF's ``train_ppo_ray`` entry point with the ``bk_*`` estimators available."""
     import runpy
@@ -223,13 +233,8 @@ def main(argv: Optional[Sequence[str]] = None, init_ray: bool = True) -> None:
     if init_ray:
         import ray
 
-        if not ray.is_initialized():   # OpenRLHF's own environment plus the hook that installs us in every worker
-            env = {"TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
-                   "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
-                   "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")}
-            env.update({k: v for k, v in os.environ.items() if k.startswith("BONKERNELS_")})
-            ray.init(runtime_env={"env_vars": env,
-                                  "worker_process_setup_hook": "bonkernels.integrations.openrlhf._worker_setup"})
+        if not ray.is_initialized():
+            ray.init(runtime_env=ray_runtime_env())
     with _ExtendOpenRLHFParser():
         runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
 
