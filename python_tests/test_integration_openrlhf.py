@@ -160,6 +160,8 @@ def test_errors():
         bk_openrlhf.group_advantages(torch.rand(2, 4), "maxk_offpolicy", k=2)
     with pytest.raises(ValueError, match="k = 5"):
         _run(_bk_class(), _args("bk_maxk", 4, bk_k=5), exps)
+    with pytest.raises(ValueError, match="n_samples_per_prompt > 1"):
+        _run(_bk_class(), _args("bk_grpo", 1), _experiences(3, 1)[0])
 
 
 def test_cli_accepts_bk_estimators(monkeypatch):
@@ -195,6 +197,7 @@ def test_cli_accepts_bk_estimators(monkeypatch):
         p.parse_args(["--algo.advantage.estimator", "bk_maxk"])
 
 
+@pytest.mark.slow
 def test_ray_workers_run_the_install_hook(monkeypatch):
     """main()'s Ray job environment: every worker imports the adapter and sees BONKERNELS_*."""
     ray = pytest.importorskip("ray")

@@ -48,7 +48,7 @@ def is_binary(rewards: torch.Tensor) -> bool:
 
 def mixed_name(kind: str, k_weights: Sequence[float]) -> str:
     """``max_mix@T`` with T the largest k of non-zero weight (the form verl's log parser expects)."""
-    return f"{kind}_mix@{_largest_k(k_weights)}"
+    return f"{kind}_mix@{largest_k(k_weights)}"
 
 
 def per_group_metrics(rewards, group_ids, ks: Optional[Iterable[int]] = None, *,
@@ -127,6 +127,7 @@ def _check_weights(k_weights) -> list:
     return weights
 
 
-def _largest_k(k_weights) -> int:
+def largest_k(k_weights) -> int:
+    """The largest k of non-zero weight."""
     weights = _check_weights(k_weights)
     return max(k for k, w in enumerate(weights, start=1) if w > 0)

@@ -105,6 +105,9 @@ def _bonkernels_advantages_and_returns(maker, experiences, estimator: str):
     args = maker.strategy.args
     adv_cfg = args.algo.advantage
     n = args.rollout.n_samples_per_prompt
+    if n < 2:   # every group would be a single sample: all advantages 0, a silent no-op run
+        raise ValueError(f"bk_{estimator} compares the samples of a prompt: it needs "
+                         f"--rollout.n_samples_per_prompt > 1, got {n}")
     k = _setting(adv_cfg, "k", "BONKERNELS_K")
     k_weights = _setting(adv_cfg, "k_weights", "BONKERNELS_K_WEIGHTS")
     if isinstance(k_weights, str):

@@ -19,10 +19,10 @@ validation prompt never stops a run; pass ``small_groups="error"`` to be told in
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Optional, Sequence
 
-from .metrics import per_group_metrics
+from .metrics import largest_k, per_group_metrics
 
 _SETTINGS = {"ks": None, "k_weights": None, "small_groups": "clamp"}
 
@@ -33,6 +33,7 @@ def unbiased_metrics(data_sources, sample_uids, infos_dict, *, ks: Optional[Sequ
 
     Each variable's values are grouped by (data source, uid); ``None`` and string values are
     skipped, as verl does. ``pass@k`` is reported for variables whose values are all 0/1 (or bool).
+    A k (or k weights up to T) above the largest group of a variable is not reported for it.
     """
     rows = defaultdict(lambda: defaultdict(lambda: ([], [])))   # source -> var -> (values, uids)
     for i, (source, uid) in enumerate(zip(data_sources, sample_uids)):
@@ -50,7 +51,14 @@ def unbiased_metrics(data_sources, sample_uids, infos_dict, *, ks: Optional[Sequ
     out = {}
     for source, per_var in rows.items():
         for var, (vals, uids) in per_var.items():
-            per_group = per_group_metrics(vals, uids, ks, k_weights=k_weights, small_groups=small_groups)
+            # k above the largest group is not estimable, and a name with k above verl's own largest
+            # would move verl's headline metrics out of its val-core section: leave those out
+            largest = max(Counter(uids).values())
+            ks_here = None if ks is None else [k for k in ks if k <= largest]
+            if ks_here == []:
+                continue
+            weights = k_weights if k_weights is not None and largest_k(k_weights) <= largest else None
+            per_group = per_group_metrics(vals, uids, ks_here, k_weights=weights, small_groups=small_groups)
             out.setdefault(source, {})[var] = {name: float(v.double().mean()) for name, v in per_group.items()}
     return out
 
