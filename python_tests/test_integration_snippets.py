@@ -17,10 +17,11 @@ def _blocks():
     section = text[text.index(SECTION):]
     section = section[:section.index("\n## ", len(SECTION))]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 3, "expected the plain PyTorch, TRL and verl snippets"
+    names = ("torch", "trl", "verl", "openrlhf", "skyrl", "validation")
+    assert len(blocks) == len(names), f"expected the {', '.join(names)} snippets, in this order"
     for b in blocks:
         assert len([line for line in b.splitlines() if line.strip() and not line.lstrip().startswith("#")]) <= 5
-    return dict(zip(("torch", "trl", "verl"), blocks))
+    return dict(zip(names, blocks))
 
 
 def test_plain_pytorch_snippet():
@@ -66,3 +67,58 @@ def test_verl_snippet():
         bk_verl._SETTINGS["k"] = None
     expect = bk.advantages(rewards[:, -1].view(2, 4).double(), 4, "maxk_loo1").reshape(-1)
     torch.testing.assert_close(ns["advantages"][:, 0].double(), expect.to(torch.float32).double())
+
+
+def test_openrlhf_snippet():
+    pytest.importorskip("openrlhf")
+    import test_integration_openrlhf as t   # skips here too when OpenRLHF's modules cannot be imported
+
+    n = 4
+    exps, rewards = t._experiences(3, n, seed=21)
+    args = t._args("rloo", n)
+    ns = {"args": args, "strategy": t.SimpleNamespace(args=args), "kl_ctl": t.FixedKLController(0.0),
+          "model_groups": [None] * 4, "tokenizer": None, "experiences": exps}
+    exec(compile(_blocks()["openrlhf"], "README:openrlhf", "exec"), ns)
+    expect = bk.advantages(rewards.view(-1, n).double(), 4, "maxk_loo1").reshape(-1).float()
+    for exp in ns["experiences"]:
+        for row, i in enumerate(exp.index):
+            m = exp.action_mask[row]
+            torch.testing.assert_close(exp.advantages[row][m], expect[i].expand(int(m.sum())))
+
+
+def test_skyrl_snippet():
+    pytest.importorskip("skyrl")
+    import numpy as np
+    import test_integration_skyrl as t   # imports SkyRL's PPO utilities (see there for Python < 3.12)
+
+    rewards, mask, uids = t._batch([4, 4], seed=2)
+    ns = {"token_level_rewards": rewards, "response_mask": mask, "index": uids}
+    exec(compile(_blocks()["skyrl"], "README:skyrl", "exec"), ns)
+    _, inverse = np.unique(uids, return_inverse=True)
+    expect = bk.advantages(rewards.sum(-1), 4, "maxk_loo1", group_ids=torch.as_tensor(inverse))
+    torch.testing.assert_close(ns["advantages"], expect[:, None] * mask)
+
+
+def test_validation_snippet(tmp_path, monkeypatch):
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    metric_utils = pytest.importorskip("verl.trainer.ppo.metric_utils")
+    from test_integration_trl import tiny_model, tiny_tokenizer
+    from bonkernels.integrations import verl_validation
+
+    monkeypatch.setattr(metric_utils, "process_validation_metrics", metric_utils.process_validation_metrics)
+    monkeypatch.setattr(verl_validation, "_SETTINGS", dict(verl_validation._SETTINGS))
+    tokenizer = tiny_tokenizer()
+    prompts = datasets.Dataset.from_dict({"prompt": ["abc", "2+2="]})
+    args = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                          num_generations=4, max_completion_length=4, max_steps=1, use_cpu=True,
+                          report_to="none", save_strategy="no")
+    trainer = trl.GRPOTrainer(model=tiny_model(tokenizer), args=args, processing_class=tokenizer,
+                              reward_funcs=lambda completions, **kw: [float("a" in c) for c in completions],
+                              train_dataset=prompts, eval_dataset=prompts)
+    ns = {"rewards": [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0], "uids": ["p0"] * 4 + ["p1"] * 4, "trainer": trainer}
+    exec(compile(_blocks()["validation"], "README:validation", "exec"), ns)
+    assert ns["metrics"]["pass@4"] == 1.0 and ns["metrics"]["pass@1"] == 0.375
+    assert ns["metrics"]["max_mix@4"] == pytest.approx(0.375 + 0.5)
+    assert metric_utils.process_validation_metrics is verl_validation.process_validation_metrics
+    assert "eval_pass@4" in trainer.evaluate()
