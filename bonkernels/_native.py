@@ -23,11 +23,13 @@ UNSUPPORTED_CODES = (5,)  # maxk_offpolicy_exact
 _load_error: Optional[str] = None
 _ops = None
 _cuda_compiled = False
+_build_info = 0
 
 try:
     from . import _C  # noqa: F401  (loading it runs the TORCH_LIBRARY registrations)
     _ops = torch.ops.bonkernels
-    _cuda_compiled = bool(_ops.build_info() & 1)
+    _build_info = int(_ops.build_info())
+    _cuda_compiled = bool(_build_info & 1)
 except Exception as error:  # ImportError, or an ABI mismatch with the installed torch
     _load_error = f"{type(error).__name__}: {error}"
     _ops = None
@@ -47,6 +49,17 @@ def available() -> bool:
 def cuda_available() -> bool:
     """True when the extension has CUDA kernels and a CUDA device is usable."""
     return _ops is not None and _cuda_compiled and torch.cuda.is_available()
+
+
+def build_route() -> Optional[str]:
+    """How the loaded extension was built: "torch-cuda" (torch's CUDAExtension), "bare-nvcc" (the
+    torch-free .cu files by nvcc, linked with libcudart), "cpu" (no CUDA kernels), or None when it
+    did not load. Both CUDA routes launch on torch's current stream under a device guard."""
+    if _ops is None:
+        return None
+    if not _cuda_compiled:
+        return "cpu"
+    return "torch-cuda" if _build_info & 2 else "bare-nvcc"
 
 
 def load_error() -> Optional[str]:

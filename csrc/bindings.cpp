@@ -1,7 +1,8 @@
 // Registers the fused op for the CPU and (when compiled in) CUDA dispatch keys:
 //   bonkernels::advantages_packed(...) -> Tensor        the functional op
 //   bonkernels::advantages_packed_out(..., out) -> ()   writes into a caller's tensor (tests poison it)
-//   bonkernels::build_info() -> int                     bit 0: CUDA kernels compiled in
+//   bonkernels::build_info() -> int                     bit 0: CUDA kernels compiled in; bit 1: by the
+//                                                       torch-CUDA route (CUDAExtension), not bare nvcc
 // The fake (meta) implementation for torch.compile is registered in bonkernels/_native.py.
 #include <Python.h>
 
@@ -15,11 +16,10 @@
 #include "cpu/advantages_cpu.h"
 
 #ifdef BK_WITH_CUDA
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include "cuda/launch.h"
-#ifdef BK_TORCH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 #endif
 
 namespace {
@@ -51,10 +51,9 @@ void check_tensors(const at::Tensor& values, const at::Tensor& offsets, const st
                        (values.scalar_type() == at::kFloat || values.scalar_type() == at::kDouble ||
                         values.scalar_type() == at::kHalf || values.scalar_type() == at::kBFloat16),
                    "bonkernels: values must be float16/bfloat16/float32/float64, got ", values.scalar_type());
-  TORCH_CHECK_VALUE(values.dim() == 1 && values.is_contiguous(), "bonkernels: values must be a contiguous 1-D tensor");
+  TORCH_CHECK_VALUE(values.dim() == 1, "bonkernels: values must be a 1-D tensor");
   TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, "bonkernels: offsets must be int64");
-  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.numel() >= 1 && offsets.is_contiguous(),
-                    "bonkernels: offsets must be a contiguous 1-D tensor of G+1 entries");
+  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.numel() >= 1, "bonkernels: offsets must be a 1-D tensor of G+1 entries");
   TORCH_CHECK_VALUE(offsets.device() == values.device(), "bonkernels: offsets is on ", offsets.device(),
                     " but values are on ", values.device());
   TORCH_CHECK_VALUE(out.sizes() == values.sizes() && out.scalar_type() == values.scalar_type() &&
@@ -63,13 +62,15 @@ void check_tensors(const at::Tensor& values, const at::Tensor& offsets, const st
   if (bk::needs_deltas(int(code))) {
     TORCH_CHECK_VALUE(deltas.has_value() && deltas->defined(), "bonkernels: this estimator needs deltas");
     TORCH_CHECK_VALUE(deltas->sizes() == values.sizes() && deltas->scalar_type() == values.scalar_type() &&
-                          deltas->device() == values.device() && deltas->is_contiguous(),
-                      "bonkernels: deltas must be a contiguous tensor with the shape, dtype and device of values");
+                          deltas->device() == values.device(),
+                      "bonkernels: deltas must be a tensor with the shape, dtype and device of values");
   }
 }
 
+// The kernels read dense arrays: strided inputs (offsets=t[::2], a transposed view) are copied
+// first, contiguous ones pass through untouched (no copy, no sync).
 at::Tensor deltas_or_undefined(const std::optional<at::Tensor>& deltas, int64_t code) {
-  return (bk::needs_deltas(int(code)) && deltas.has_value()) ? *deltas : at::Tensor();
+  return (bk::needs_deltas(int(code)) && deltas.has_value() && deltas->defined()) ? deltas->contiguous() : at::Tensor();
 }
 
 void out_cpu(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas, int64_t k,
@@ -78,10 +79,19 @@ void out_cpu(const at::Tensor& values, const at::Tensor& offsets, const std::opt
   const bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
   check_tensors(values, offsets, deltas, code, out);
   at::Tensor o = out;
-  bk::advantages_cpu(values, offsets, deltas_or_undefined(deltas, code), p, o);
+  bk::advantages_cpu(values.contiguous(), offsets.contiguous(), deltas_or_undefined(deltas, code), p, o);
 }
 
 #ifdef BK_WITH_CUDA
+// torch's current stream on `device`, as a cudaStream_t, through c10's device-generic interface
+// (which torch's CUDA library registers when it loads). The same code in both build routes: the
+// bare-nvcc build needs no c10 CUDA headers and still never launches on the legacy default
+// stream, so it is ordered with torch's side streams and valid under CUDA-graph capture.
+void* current_cuda_stream(const c10::Device& device) {
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl->getStreamNativeHandle(impl->getStream(device));
+}
+
 int dtype_code(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return BK_FLOAT32;
@@ -98,26 +108,24 @@ void out_cuda(const at::Tensor& values, const at::Tensor& offsets, const std::op
   check_tensors(values, offsets, deltas, code, out);
   const int64_t num_groups = offsets.numel() - 1;
   if (num_groups == 0 || values.numel() == 0) return;
+  const c10::DeviceGuard guard(values.device());  // tensors on cuda:1 while cuda:0 is current
+  const at::Tensor v = values.contiguous(), off = offsets.contiguous();
   int64_t bound;
   if (max_group_size.has_value()) {
     bound = *max_group_size;  // the caller's promise: no host sync
   } else {                    // no hint: find it (this syncs with the host)
-    bound = (offsets.slice(0, 1) - offsets.slice(0, 0, num_groups)).max().item<int64_t>();
+    bound = (off.slice(0, 1) - off.slice(0, 0, num_groups)).max().item<int64_t>();
   }
   TORCH_CHECK_VALUE(bound >= 0, "bonkernels: max_group_size must be >= 0");
   TORCH_CHECK_VALUE(bound <= BK_CUDA_MAX_GROUP, "bonkernels: the CUDA backend handles groups of at most ",
                     BK_CUDA_MAX_GROUP, " samples (max_group_size = ", bound,
                     "); use backend='cpu', 'triton' or 'torch' for larger groups");
-  void* stream = nullptr;
-#ifdef BK_TORCH_CUDA
-  c10::cuda::CUDAGuard guard(values.device());
-  stream = c10::cuda::getCurrentCUDAStream(values.device().index()).stream();
-#endif
+  void* stream = current_cuda_stream(values.device());
   at::Tensor d = deltas_or_undefined(deltas, code);
   char err[512] = {0};
-  const int rc = bk_cuda_advantages(dtype_code(values.scalar_type()), values.data_ptr(), offsets.data_ptr<int64_t>(),
-                                    d.defined() ? d.data_ptr() : nullptr, out.data_ptr(), num_groups, int(bound), p,
-                                    stream, err, int(sizeof(err)));
+  const int rc = bk_cuda_advantages(dtype_code(v.scalar_type()), v.data_ptr(), off.data_ptr<int64_t>(),
+                                    d.defined() ? d.data_ptr() : nullptr, out.data_ptr(), v.numel(), num_groups,
+                                    int(bound), p, stream, err, int(sizeof(err)));
   TORCH_CHECK(rc == 0, "bonkernels CUDA kernel failed: ", err);
 }
 #endif
@@ -142,11 +150,14 @@ at::Tensor advantages_packed(const at::Tensor& values, const at::Tensor& offsets
 }
 
 int64_t build_info() {
+  int64_t info = 0;
 #ifdef BK_WITH_CUDA
-  return 1;
-#else
-  return 0;
+  info |= 1;
 #endif
+#ifdef BK_TORCH_CUDA
+  info |= 2;
+#endif
+  return info;
 }
 
 }  // namespace
