@@ -15,10 +15,13 @@ from typing import Optional
 
 import torch
 
+from . import _codegen
+from . import estimators as _estimators
+
 # Largest group the CUDA kernels handle (csrc/cuda/launch.h: BK_CUDA_MAX_GROUP).
 CUDA_MAX_GROUP = 4096
-# The estimator the native kernels do not implement (reference-only, see docs/conventions.md).
-UNSUPPORTED_CODES = (5,)  # maxk_offpolicy_exact
+# The estimators the native kernels do not implement (reference-only), from the registry.
+UNSUPPORTED_CODES = tuple(e.code for e in _estimators.REGISTRY.values() if not _codegen.implemented_natively(e))
 
 _load_error: Optional[str] = None
 _ops = None

@@ -26,10 +26,10 @@ namespace {
 
 bk::Params make_params(int64_t k, int64_t code, std::optional<double> clamp_delta, double clip_lo,
                        double clip_hi, bool mean_scale, int64_t small_groups, double eps) {
-  TORCH_CHECK_VALUE(code >= 0 && code < bk::NUM_CODES, "bonkernels: unknown estimator code ", code);
-  TORCH_CHECK_VALUE(code != bk::MAXK_OFFPOLICY_EXACT,
-                    "bonkernels: maxk_offpolicy_exact is reference-only; the native backends do not implement "
-                    "it (use backend='torch')");
+  TORCH_CHECK_VALUE(code >= 0 && code < bk::NUM_CODES && bk::known_code(int(code)),
+                    "bonkernels: unknown estimator code ", code);
+  TORCH_CHECK_VALUE(bk::native_supports(int(code)), "bonkernels: estimator code ", code,
+                    " is reference-only; the native backends do not implement it (use backend='torch')");
   TORCH_CHECK_VALUE(k >= 1 && k <= std::numeric_limits<int>::max(), "bonkernels: k must be >= 1, got ", k);
   TORCH_CHECK_VALUE(small_groups >= 0 && small_groups <= 2, "bonkernels: small_groups code must be 0, 1 or 2");
   bk::Params p;

@@ -21,29 +21,11 @@
 #define BK_INF (static_cast<double>(INFINITY))
 #define BK_NAN (static_cast<double>(NAN))
 
-namespace bk {
+// The estimator codes and predicates (natural_scale_is_mean, uses_k, k_margin, needs_deltas,
+// order_free, native_supports), generated from bonkernels/estimators.py.
+#include "bonkernels/estimator_facts.h"
 
-// Integer codes: must agree with bonkernels/estimators.py (python_tests/test_native.py checks).
-enum Code : int {
-  MAXK = 0,
-  MAXK_LOO = 1,
-  MAXK_LOO_CENTERED = 2,
-  MAXK_LOO1 = 3,
-  MAXK_OFFPOLICY = 4,
-  MAXK_OFFPOLICY_EXACT = 5,  // reference-only: the native backends refuse it
-  PASSK = 6,
-  TANG_LOO = 7,
-  BON_MAX_MEAN = 8,
-  BON_MAX_SECOND = 9,
-  BON_MEAN = 10,
-  CHEN_PASSK = 11,
-  BON_RLB = 12,
-  BON_RLB_POS = 13,
-  GRPO = 14,
-  RLOO = 15,
-  DR_GRPO = 16,
-  NUM_CODES = 17
-};
+namespace bk {
 
 // Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
 constexpr double kZscoreConstantRtol = 1e-10;
@@ -111,26 +93,6 @@ struct Params {
   int mean_scale;    // 1: output n_g * (sum-scale value)
   double eps;
 };
-
-BK_HD bool natural_scale_is_mean(int code) { return code >= BON_MAX_MEAN; }
-
-BK_HD bool uses_k(int code) {
-  return !(code == TANG_LOO || code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO ||
-           code == RLOO || code == DR_GRPO);
-}
-
-BK_HD int k_margin(int code) { return (code == MAXK_LOO || code == MAXK_LOO_CENTERED) ? 1 : 0; }
-
-BK_HD bool needs_deltas(int code) { return code == MAXK_OFFPOLICY || code == MAXK_OFFPOLICY_EXACT; }
-
-// Estimators whose formula uses only group reductions and the sample's own value: no sort needed.
-BK_HD bool order_free(int code) {
-  return code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO || code == RLOO || code == DR_GRPO;
-}
-
-BK_HD bool native_supports(int code) {
-  return code >= 0 && code < NUM_CODES && code != MAXK_OFFPOLICY_EXACT;
-}
 
 // The k a group of size n actually uses, and whether its outputs are forced to 0 (too-small rule).
 struct GroupK {
