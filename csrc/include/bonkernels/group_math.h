@@ -41,6 +41,22 @@ BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename 
           });
 }
 
+// The value at rank 1 (slot of the smallest x, or of the first sample for the order-free
+// estimators): a sum with one non-zero term, so it is exact and a NaN or inf passes through.
+template <class Ex, class V>
+BK_HD double first_value(Ex& ex, V& v) {
+  return ex.reduce(0.0, SumOp(), [&](int s, int j) { return j == 1 ? v[s] : 0.0; });
+}
+
+// The group mean as x_0 + mean(x - x_0) around a group element x_0: a constant group's mean is
+// exactly its value, so its residues x - mean are exactly 0 (not rounding noise).
+template <class Ex, class V>
+BK_HD double group_mean(Ex& ex, V& v) {
+  const double pivot = first_value(ex, v);
+  const double offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] - pivot; });
+  return pivot + bk_div(offset, double(ex.n));
+}
+
 // PKPO s_j = d_j x_j + sum_{t>j} o_t x_t (spec 2.2); calls out(s, s_j).
 template <class Ex, class Out>
 BK_HD void maxk_values(Ex& ex, int k, typename Ex::Vec& x, typename Ex::Vec& d, Out out) {
@@ -232,6 +248,11 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case DR_GRPO: {
       const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }), nd);
       ex.for_each([&](int s, int) { emit(s, x[s] - mean); });
+      return;
+    }
+    case MAXRL: {  // (x - mean) / mean, 0 for every sample when the mean is 0 (spec 12)
+      const double mean = group_mean(ex, x);
+      ex.for_each([&](int s, int) { emit(s, mean == 0.0 ? 0.0 : bk_div(x[s] - mean, mean)); });
       return;
     }
     default:
