@@ -213,6 +213,7 @@ void check_group(const std::vector<double>& g, const std::vector<double>& delta,
   auto grpo = run<Ex>(bk::GRPO, g, {}, 1, 1e-6);
   auto rloo = run<Ex>(bk::RLOO, g, {}, 1);
   auto dr = run<Ex>(bk::DR_GRPO, g, {}, 1);
+  auto mrl = run<Ex>(bk::MAXRL, g, {}, 1);
   auto z = zscore(g, 1e-6, 0.0);
   for (int i = 0; i < n; ++i) {
     double others_max = -INFINITY, others_sum = 0;
@@ -224,6 +225,7 @@ void check_group(const std::vector<double>& g, const std::vector<double>& delta,
     expect_close(grpo[i], z[i], 1e-9, "grpo", n, 0, i);
     expect_close(rloo[i], n > 1 ? g[i] - others_sum / (n - 1) : 0.0, 1e-13, "rloo", n, 0, i);
     expect_close(dr[i], g[i] - m, 1e-14, "dr_grpo", n, 0, i);
+    if (std::fabs(m) > 1e-3) expect_close(mrl[i], (g[i] - m) / m, 1e-12, "maxrl", n, 0, i);
   }
 }
 
@@ -252,6 +254,34 @@ void check_rules() {
   expect_close(bk::finish_value(p, 1, 5.0, false), 0.2, 0, "clip hi", 1, 0, 0);
   expect_close(bk::finish_value(p, 1, -5.0, false), -0.1, 0, "clip lo", 1, 0, 0);
   expect_close(bk::native_supports(bk::MAXK_OFFPOLICY_EXACT), 0, 0, "exact is reference-only", 0, 0, 0);
+}
+
+// Constant groups give exactly 0 for every estimator that centres or z-scores, at every eps
+// including 0; the z-score survives values near the largest double and subnormal residues.
+void check_constant_and_extremes() {
+  const int centred[] = {bk::GRPO, bk::RLOO, bk::DR_GRPO, bk::BON_MEAN, bk::BON_MAX_MEAN, bk::MAXRL};
+  for (int n = 1; n <= 40; ++n)
+    for (double v : {0.5402, -3.1, 1e-3, 0.0, 7.25, 1e300, -1.7e308})
+      for (double eps : {0.0, 1e-6})
+        for (int code : centred) {
+          auto a = run<bk::SerialExec>(code, std::vector<double>(n, v), {}, 1 + n / 3, eps);
+          for (int i = 0; i < n; ++i) expect_close(a[i], 0.0, 0.0, "constant group", n, code, i);
+        }
+  for (int n = 1; n <= 12; ++n)
+    for (double v : {0.0, 1.0})
+      for (int k = 1; k <= n; ++k) {
+        auto a = run<bk::SerialExec>(bk::CHEN_PASSK, std::vector<double>(n, v), {}, k, 0.0);
+        for (int i = 0; i < n; ++i) expect_close(a[i], 0.0, 0.0, "constant chen_passk", n, k, i);
+      }
+  auto z = run<bk::SerialExec>(bk::GRPO, {1.7e308, -1.7e308, 0.0, 1.0}, {}, 1, 0.0);
+  const double sd = 1.7e308 * std::sqrt(2.0 / 3.0);  // the residues 0.25 and 0.75 vanish next to 1.7e308
+  expect_close(z[0], (1.7e308 - 0.25) / sd, 1e-14, "grpo near DBL_MAX", 4, 0, 0);
+  expect_close(z[1], (-1.7e308 - 0.25) / sd, 1e-14, "grpo near DBL_MAX", 4, 0, 1);
+  z = run<bk::SerialExec>(bk::GRPO, {1.7e308, -1.7e308, -1.7e308, -1.7e308}, {}, 1, 0.0);
+  expect_close(z[0], 1.5, 1e-14, "grpo spread above DBL_MAX", 4, 0, 0);
+  expect_close(z[3], -0.5, 1e-14, "grpo spread above DBL_MAX", 4, 0, 3);
+  z = run<bk::SerialExec>(bk::GRPO, {1e-310, 3e-310, 2e-310}, {}, 1, 0.0);
+  expect_close(z[1], 1.0, 1e-12, "grpo subnormal residues", 3, 0, 1);
 }
 
 }  // namespace
@@ -350,6 +380,7 @@ int main() {
     }
   }
   check_rules();
+  check_constant_and_extremes();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define BK_HD __host__ __device__ __forceinline__
@@ -80,6 +82,40 @@ BK_HD double bk_sqrt(double x) {
 #else
   return ::sqrt(x);
 #endif
+}
+
+BK_HD double bits_to_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof(d));
+  return d;
+#endif
+}
+
+BK_HD uint64_t double_to_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof(u));
+  return u;
+#endif
+}
+
+// An exact power-of-two rescaling of magnitudes up to a (a >= 0): a * shrink lies in [1, 4)
+// (subnormal a: well inside the normal range) and grow = 1 / shrink, both powers of two. Squares of values scaled so
+// neither overflow nor underflow; zero, inf and NaN get 1 (nothing to rescale).
+struct Pow2Scale {
+  double shrink, grow;
+};
+BK_HD Pow2Scale pow2_scale(double a) {
+  const int E = int((double_to_bits(a) >> 52) & 0x7ff);  // biased exponent
+  if (a == 0.0 || E == 0x7ff) return {1.0, 1.0};
+  if (E == 0) return {0x1p600, 0x1p-600};
+  const int inverse = E < 2046 ? 2046 - E : 1;  // biased exponent of 2^-(E-1023), at least 2^-1022
+  return {bits_to_double(uint64_t(inverse) << 52), bits_to_double(uint64_t(2046 - inverse) << 52)};
 }
 
 // One call's scalar arguments, as the backend interface passes them (docs/conventions.md).

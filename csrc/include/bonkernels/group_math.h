@@ -49,12 +49,25 @@ BK_HD double first_value(Ex& ex, V& v) {
 }
 
 // The group mean as x_0 + mean(x - x_0) around a group element x_0: a constant group's mean is
-// exactly its value, so its residues x - mean are exactly 0 (not rounding noise).
+// exactly its value, so its residues x - mean are exactly 0 (not rounding noise). When the sum of
+// residues overflows (values near the largest double), everything is first scaled by 2^-64 (an
+// exact rescaling); residue(v) = (v - mean) * shrink then stays finite, whatever the spread.
+struct Centre {
+  double shrink;  // 1, or 2^-64 for extreme values
+  double mean;    // the group mean times shrink
+  BK_HD double residue(double v) const { return v * shrink - mean; }  // (v - mean) * shrink
+};
+
 template <class Ex, class V>
-BK_HD double group_mean(Ex& ex, V& v) {
+BK_HD Centre group_centre(Ex& ex, V& v) {
   const double pivot = first_value(ex, v);
-  const double offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] - pivot; });
-  return pivot + bk_div(offset, double(ex.n));
+  double shrink = 1.0;
+  double offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] - pivot; });
+  if (!(::fabs(offset) < BK_INF) && ::fabs(pivot) < BK_INF) {
+    shrink = 0x1p-64;
+    offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] * shrink - pivot * shrink; });
+  }
+  return {shrink, pivot * shrink + bk_div(offset, double(ex.n))};
 }
 
 // PKPO s_j = d_j x_j + sum_{t>j} o_t x_t (spec 2.2); calls out(s, s_j).
@@ -65,19 +78,23 @@ BK_HD void maxk_values(Ex& ex, int k, typename Ex::Vec& x, typename Ex::Vec& d, 
 }
 
 // (v - mean) / (sample std + eps); 0 for singletons and when std <= rtol * max|v| (spec 3.3).
+// Residues are centred on a group element (exactly 0 on a constant group) and rescaled by a power
+// of two of the largest one before squaring, so the std neither overflows nor underflows.
 template <class Ex, class Emit>
 BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emit emit) {
   const int n = ex.n;
-  const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s]; }), double(n));
+  const Centre c = group_centre(ex, v);
+  const double largest = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(c.residue(v[s])); });
+  const Pow2Scale r = pow2_scale(largest);
   const double ss = ex.reduce(0.0, SumOp(), [&](int s, int) {
-    const double c = v[s] - mean;
-    return c * c;
+    const double t = c.residue(v[s]) * r.shrink;
+    return t * t;
   });
-  const double scale = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); });
-  const double sd = bk_sqrt(bk_div(ss, double(n - 1 < 1 ? 1 : n - 1)));
-  const bool constant = n < 2 || sd <= rtol * scale;
-  const double denom = sd + eps;
-  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div(v[s] - mean, denom)); });
+  const double sd = bk_sqrt(bk_div(ss, double(n - 1 < 1 ? 1 : n - 1))) * r.grow;  // times c.shrink
+  const double scale = rtol > 0.0 ? ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); }) : 0.0;
+  const bool constant = n < 2 || sd <= rtol * scale * c.shrink;
+  const double denom = sd + eps * c.shrink;
+  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div(c.residue(v[s]), denom)); });
 }
 
 // One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
@@ -174,9 +191,9 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case BON_MAX_MEAN: {
-      const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }), nd);
+      const Centre c = group_centre(ex, x);
       const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
-      ex.for_each([&](int s, int) { emit(s, x[s] == top ? x[s] - mean : 0.0); });
+      ex.for_each([&](int s, int) { emit(s, x[s] == top ? bk_div(c.residue(x[s]), c.shrink) : 0.0); });
       return;
     }
     case BON_MAX_SECOND: {
@@ -194,18 +211,26 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       zscore_emit(ex, s_val, p.eps, kZscoreConstantRtol, emit);
       return;
     }
-    case CHEN_PASSK: {  // ((n/k) s - R) / (sqrt(R (1 - R)) + eps), R = pass@k estimate (spec 6)
-      Vec d, s_val;
-      ex.alloc(d), ex.alloc(s_val);
+    case CHEN_PASSK: {  // ((n/k) s_i - R) / (sigma + eps), spec 6, with the failure probabilities
+      // miss_k = 1 - R = C(n-c,k)/C(n,k) and, for a wrong sample, miss_rest = 1 - (n/k) s_i =
+      // C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries (no cancellation when R is near 1).
+      Vec d, d_rest;
+      ex.alloc(d), ex.alloc(d_rest);
       ex.weights(n, k, d);
-      maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
-      const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
-      const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      const bool degenerate = c == 0.0 || nd - c < double(k);
-      double var = R * (1.0 - R);
+      const double miss_k = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s] == 0.0 ? d[s] : 0.0; });
+      const double n_wrong = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s] == 0.0 ? 1.0 : 0.0; });
+      double miss_rest = 1.0;
+      if (k > 1) {
+        ex.weights(n - 1, k - 1, d_rest);
+        miss_rest = ex.reduce(0.0, SumOp(), [&](int s, int j) { return double(j) < n_wrong ? d_rest[s] : 0.0; });
+      }
+      const double var = (1.0 - miss_k) * miss_k;
       const double sigma = bk_sqrt(var > 0.0 ? var : 0.0);
-      const double n_over_k = bk_div(nd, double(k));
-      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : bk_div(n_over_k * s_val[s] - R, sigma + p.eps)); });
+      const bool degenerate = n_wrong == nd || n_wrong < double(k);  // R is exactly 0 or 1
+      ex.for_each([&](int s, int) {
+        const double value = bk_div(x[s] == 1.0 ? miss_k : miss_k - miss_rest, sigma + p.eps);
+        emit(s, degenerate ? 0.0 : value);
+      });
       return;
     }
     case BON_RLB:
@@ -237,22 +262,20 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case GRPO:
       zscore_emit(ex, x, p.eps, 0.0, emit);
       return;
-    case RLOO: {  // x - mean of the others (mean scale); 0 for a singleton
-      const double total = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      ex.for_each([&](int s, int) {
-        const double others = bk_div(total - x[s], double(n - 1 < 1 ? 1 : n - 1));
-        emit(s, n > 1 ? bk_div(x[s] - others, nd) * nd : 0.0);
-      });
+    case RLOO: {  // x - mean of the others = (x - mean) n / (n - 1) (mean scale); 0 for a singleton
+      const Centre c = group_centre(ex, x);
+      const double factor = bk_div(nd, double(n - 1 < 1 ? 1 : n - 1) * c.shrink);
+      ex.for_each([&](int s, int) { emit(s, n > 1 ? c.residue(x[s]) * factor : 0.0); });
       return;
     }
     case DR_GRPO: {
-      const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }), nd);
-      ex.for_each([&](int s, int) { emit(s, x[s] - mean); });
+      const Centre c = group_centre(ex, x);
+      ex.for_each([&](int s, int) { emit(s, bk_div(c.residue(x[s]), c.shrink)); });
       return;
     }
     case MAXRL: {  // (x - mean) / mean, 0 for every sample when the mean is 0 (spec 12)
-      const double mean = group_mean(ex, x);
-      ex.for_each([&](int s, int) { emit(s, mean == 0.0 ? 0.0 : bk_div(x[s] - mean, mean)); });
+      const Centre c = group_centre(ex, x);  // both terms carry the same shrink
+      ex.for_each([&](int s, int) { emit(s, c.mean == 0.0 ? 0.0 : bk_div(c.residue(x[s]), c.mean)); });
       return;
     }
     default:
