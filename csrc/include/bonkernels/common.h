@@ -128,6 +128,12 @@ struct Params {
   double clip_lo, clip_hi;
   int mean_scale;    // 1: output n_g * (sum-scale value)
   double eps;
+  // Mixture-table bank (spec 12), on the values' device; null without k weights. Block of groups
+  // of size n at bank + bank_index[n] (-1: none): D, O, Q, B, Bp (n each) and W1 (group_math.h).
+  const double* bank;
+  const int64_t* bank_index;
+  int64_t bank_len;        // entries in bank
+  int64_t bank_index_len;  // entries in bank_index (largest group size + 1)
 };
 
 // The k a group of size n actually uses, and whether its outputs are forced to 0 (too-small rule).
