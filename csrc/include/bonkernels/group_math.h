@@ -108,13 +108,13 @@ struct TableSet {
   double w1;            // maxk_loo1: weight of the k = 1 term, (x_j - mean of the others) / n
   bool has_d;           // one k: false for maxk_loo1 at k = 1 (D = B = 0)
 
-  BK_HD double D(int s, int j) { return block ? block[j - 1] : (has_d ? d[s] : 0.0); }
-  BK_HD double O(int s, int j) { return block ? block[n + j - 1] : o_from_d(d[s], j, k); }
-  BK_HD double Q(int s, int j) {
-    return block ? block[2 * n + j - 1] : q_from_o(o_from_d(d[s], j, k), j, k);
-  }
-  BK_HD double B(int s, int j) { return block ? block[3 * n + j - 1] : (has_d ? w[s] : 0.0); }
-  BK_HD double Bp(int s, int j) { return block ? block[4 * n + j - 1] : w_prev[s]; }
+  // Row r of the block at rank j; 0 past the group (executors may evaluate padding slots).
+  BK_HD double row(int r, int j) const { return j <= n ? block[r * n + j - 1] : 0.0; }
+  BK_HD double D(int s, int j) { return block ? row(0, j) : (has_d ? d[s] : 0.0); }
+  BK_HD double O(int s, int j) { return block ? row(1, j) : o_from_d(d[s], j, k); }
+  BK_HD double Q(int s, int j) { return block ? row(2, j) : q_from_o(o_from_d(d[s], j, k), j, k); }
+  BK_HD double B(int s, int j) { return block ? row(3, j) : (has_d ? w[s] : 0.0); }
+  BK_HD double Bp(int s, int j) { return block ? row(4, j) : w_prev[s]; }
 };
 
 // One k's tables through the executor's weights()/weights2().
