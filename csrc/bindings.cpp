@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "bonkernels/common.h"
+#include "bonkernels/group_math.h"
 #include "cpu/advantages_cpu.h"
 
 #ifdef BK_WITH_CUDA
@@ -26,10 +27,10 @@ namespace {
 
 bk::Params make_params(int64_t k, int64_t code, std::optional<double> clamp_delta, double clip_lo,
                        double clip_hi, bool mean_scale, int64_t small_groups, double eps) {
-  TORCH_CHECK_VALUE(code >= 0 && code < bk::NUM_CODES, "bonkernels: unknown estimator code ", code);
-  TORCH_CHECK_VALUE(code != bk::MAXK_OFFPOLICY_EXACT,
-                    "bonkernels: maxk_offpolicy_exact is reference-only; the native backends do not implement "
-                    "it (use backend='torch')");
+  TORCH_CHECK_VALUE(code >= 0 && code < bk::NUM_CODES && bk::known_code(int(code)),
+                    "bonkernels: unknown estimator code ", code);
+  TORCH_CHECK_VALUE(bk::native_supports(int(code)), "bonkernels: estimator code ", code,
+                    " is reference-only; the native backends do not implement it (use backend='torch')");
   TORCH_CHECK_VALUE(k >= 1 && k <= std::numeric_limits<int>::max(), "bonkernels: k must be >= 1, got ", k);
   TORCH_CHECK_VALUE(small_groups >= 0 && small_groups <= 2, "bonkernels: small_groups code must be 0, 1 or 2");
   bk::Params p;
@@ -42,7 +43,34 @@ bk::Params make_params(int64_t k, int64_t code, std::optional<double> clamp_delt
   p.clip_hi = clip_hi;
   p.mean_scale = mean_scale ? 1 : 0;
   p.eps = eps;
+  p.bank = nullptr;
+  p.bank_index = nullptr;
+  p.bank_len = 0;
+  p.bank_index_len = 0;
   return p;
+}
+
+// The mixture-table bank of a call with k weights (float64 blocks, int64 index by group size, on the
+// values' device); the kernels bounds-check every block they read.
+void attach_bank(bk::Params& p, const std::optional<at::Tensor>& bank, const std::optional<at::Tensor>& bank_index,
+                 const at::Tensor& values) {
+  const bool has_bank = bank.has_value() && bank->defined();
+  const bool has_index = bank_index.has_value() && bank_index->defined();
+  TORCH_CHECK_VALUE(has_bank == has_index, "bonkernels: bank and bank_index go together");
+  if (!has_bank) return;
+  TORCH_CHECK_VALUE(bk::reads_weight_tables(p.code), "bonkernels: estimator code ", p.code,
+                    " is not linear in its weight tables and takes no mixture bank (k_weights)");
+  TORCH_CHECK_TYPE(bank->scalar_type() == at::kDouble && bank_index->scalar_type() == at::kLong,
+                   "bonkernels: bank must be float64 and bank_index int64");
+  TORCH_CHECK_VALUE(bank->dim() == 1 && bank->is_contiguous() && bank_index->dim() == 1 &&
+                        bank_index->is_contiguous(),
+                    "bonkernels: bank and bank_index must be contiguous 1-D tensors");
+  TORCH_CHECK_VALUE(bank->device() == values.device() && bank_index->device() == values.device(),
+                    "bonkernels: bank and bank_index must be on the values' device (", values.device(), ")");
+  p.bank = bank->data_ptr<double>();
+  p.bank_index = bank_index->data_ptr<int64_t>();
+  p.bank_len = bank->numel();
+  p.bank_index_len = bank_index->numel();
 }
 
 void check_tensors(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas,
@@ -75,9 +103,11 @@ at::Tensor deltas_or_undefined(const std::optional<at::Tensor>& deltas, int64_t 
 
 void out_cpu(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas, int64_t k,
              int64_t code, std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
-             int64_t small_groups, double eps, std::optional<int64_t> /*max_group_size*/, const at::Tensor& out) {
-  const bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
+             int64_t small_groups, double eps, std::optional<int64_t> /*max_group_size*/, const at::Tensor& out,
+             const std::optional<at::Tensor>& bank, const std::optional<at::Tensor>& bank_index) {
+  bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
   check_tensors(values, offsets, deltas, code, out);
+  attach_bank(p, bank, bank_index, values);
   at::Tensor o = out;
   bk::advantages_cpu(values.contiguous(), offsets.contiguous(), deltas_or_undefined(deltas, code), p, o);
 }
@@ -103,9 +133,11 @@ int dtype_code(at::ScalarType t) {
 
 void out_cuda(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas, int64_t k,
               int64_t code, std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
-              int64_t small_groups, double eps, std::optional<int64_t> max_group_size, const at::Tensor& out) {
-  const bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
+              int64_t small_groups, double eps, std::optional<int64_t> max_group_size, const at::Tensor& out,
+              const std::optional<at::Tensor>& bank, const std::optional<at::Tensor>& bank_index) {
+  bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
   check_tensors(values, offsets, deltas, code, out);
+  attach_bank(p, bank, bank_index, values);
   const int64_t num_groups = offsets.numel() - 1;
   if (num_groups == 0 || values.numel() == 0) return;
   const c10::DeviceGuard guard(values.device());  // tensors on cuda:1 while cuda:0 is current
@@ -133,18 +165,19 @@ void out_cuda(const at::Tensor& values, const at::Tensor& offsets, const std::op
 at::Tensor advantages_packed(const at::Tensor& values, const at::Tensor& offsets,
                              const std::optional<at::Tensor>& deltas, int64_t k, int64_t code,
                              std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
-                             int64_t small_groups, double eps, std::optional<int64_t> max_group_size) {
+                             int64_t small_groups, double eps, std::optional<int64_t> max_group_size,
+                             const std::optional<at::Tensor>& bank, const std::optional<at::Tensor>& bank_index) {
   at::Tensor out = at::empty_like(values, at::MemoryFormat::Contiguous);
   if (values.is_cuda()) {
 #ifdef BK_WITH_CUDA
     out_cuda(values, offsets, deltas, k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
-             max_group_size, out);
+             max_group_size, out, bank, bank_index);
 #else
     TORCH_CHECK(false, "bonkernels: the extension was built without CUDA kernels");
 #endif
   } else {
     out_cpu(values, offsets, deltas, k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
-            max_group_size, out);
+            max_group_size, out, bank, bank_index);
   }
   return out;
 }
@@ -166,11 +199,11 @@ TORCH_LIBRARY(bonkernels, m) {
   m.def(
       "advantages_packed(Tensor values, Tensor offsets, Tensor? deltas, int k, int estimator_code, "
       "float? clamp_delta, float clip_lo, float clip_hi, bool mean_scale, int small_groups, float eps, "
-      "int? max_group_size) -> Tensor");
+      "int? max_group_size, Tensor? bank=None, Tensor? bank_index=None) -> Tensor");
   m.def(
       "advantages_packed_out(Tensor values, Tensor offsets, Tensor? deltas, int k, int estimator_code, "
       "float? clamp_delta, float clip_lo, float clip_hi, bool mean_scale, int small_groups, float eps, "
-      "int? max_group_size, Tensor(a!) out) -> ()");
+      "int? max_group_size, Tensor(a!) out, Tensor? bank=None, Tensor? bank_index=None) -> ()");
   m.def("build_info() -> int", &build_info);
 }
 

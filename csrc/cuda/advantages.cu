@@ -158,6 +158,10 @@ struct WarpExec {
   __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
     weights_by_scan<WarpExec, true>(*this, N, K, at, prev);
   }
+  // Bank mode reads the block in global memory at each use (no registers held per table row).
+  __device__ __forceinline__ bool tables(const Params& p, int code, int k, TableSet<Vec>& t) {
+    return fill_tables(*this, p, code, k, t);
+  }
 
   __device__ __forceinline__ void emit(int, double v) {
     if (lane < n && idx < n) store_value(dtype, out, base + idx, v);  // idx: the source index
@@ -394,6 +398,9 @@ struct BlockExec {
   __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<BlockExec, false>(*this, N, K, at, at); }
   __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
     weights_by_scan<BlockExec, true>(*this, N, K, at, prev);
+  }
+  __device__ __forceinline__ bool tables(const Params& p, int code, int k, TableSet<Vec>& t) {
+    return fill_tables(*this, p, code, k, t);
   }
 
   __device__ __forceinline__ void emit(int s, double v) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define BK_HD __host__ __device__ __forceinline__
@@ -21,29 +23,11 @@
 #define BK_INF (static_cast<double>(INFINITY))
 #define BK_NAN (static_cast<double>(NAN))
 
-namespace bk {
+// The estimator codes and predicates (natural_scale_is_mean, uses_k, k_margin, needs_deltas,
+// order_free, native_supports), generated from bonkernels/estimators.py.
+#include "bonkernels/estimator_facts.h"
 
-// Integer codes: must agree with bonkernels/estimators.py (python_tests/test_native.py checks).
-enum Code : int {
-  MAXK = 0,
-  MAXK_LOO = 1,
-  MAXK_LOO_CENTERED = 2,
-  MAXK_LOO1 = 3,
-  MAXK_OFFPOLICY = 4,
-  MAXK_OFFPOLICY_EXACT = 5,  // reference-only: the native backends refuse it
-  PASSK = 6,
-  TANG_LOO = 7,
-  BON_MAX_MEAN = 8,
-  BON_MAX_SECOND = 9,
-  BON_MEAN = 10,
-  CHEN_PASSK = 11,
-  BON_RLB = 12,
-  BON_RLB_POS = 13,
-  GRPO = 14,
-  RLOO = 15,
-  DR_GRPO = 16,
-  NUM_CODES = 17
-};
+namespace bk {
 
 // Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
 constexpr double kZscoreConstantRtol = 1e-10;
@@ -100,6 +84,40 @@ BK_HD double bk_sqrt(double x) {
 #endif
 }
 
+BK_HD double bits_to_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof(d));
+  return d;
+#endif
+}
+
+BK_HD uint64_t double_to_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof(u));
+  return u;
+#endif
+}
+
+// An exact power-of-two rescaling of magnitudes up to a (a >= 0): a * shrink lies in [1, 4)
+// (subnormal a: well inside the normal range) and grow = 1 / shrink, both powers of two. Squares of values scaled so
+// neither overflow nor underflow; zero, inf and NaN get 1 (nothing to rescale).
+struct Pow2Scale {
+  double shrink, grow;
+};
+BK_HD Pow2Scale pow2_scale(double a) {
+  const int E = int((double_to_bits(a) >> 52) & 0x7ff);  // biased exponent
+  if (a == 0.0 || E == 0x7ff) return {1.0, 1.0};
+  if (E == 0) return {0x1p600, 0x1p-600};
+  const int inverse = E < 2046 ? 2046 - E : 1;  // biased exponent of 2^-(E-1023), at least 2^-1022
+  return {bits_to_double(uint64_t(inverse) << 52), bits_to_double(uint64_t(2046 - inverse) << 52)};
+}
+
 // One call's scalar arguments, as the backend interface passes them (docs/conventions.md).
 struct Params {
   int k;             // requested k (>= 1)
@@ -110,27 +128,13 @@ struct Params {
   double clip_lo, clip_hi;
   int mean_scale;    // 1: output n_g * (sum-scale value)
   double eps;
+  // Mixture-table bank (spec 12), on the values' device; null without k weights. Block of groups
+  // of size n at bank + bank_index[n] (-1: none): D, O, Q, B, Bp (n each) and W1 (group_math.h).
+  const double* bank;
+  const int64_t* bank_index;
+  int64_t bank_len;        // entries in bank
+  int64_t bank_index_len;  // entries in bank_index (largest group size + 1)
 };
-
-BK_HD bool natural_scale_is_mean(int code) { return code >= BON_MAX_MEAN; }
-
-BK_HD bool uses_k(int code) {
-  return !(code == TANG_LOO || code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO ||
-           code == RLOO || code == DR_GRPO);
-}
-
-BK_HD int k_margin(int code) { return (code == MAXK_LOO || code == MAXK_LOO_CENTERED) ? 1 : 0; }
-
-BK_HD bool needs_deltas(int code) { return code == MAXK_OFFPOLICY || code == MAXK_OFFPOLICY_EXACT; }
-
-// Estimators whose formula uses only group reductions and the sample's own value: no sort needed.
-BK_HD bool order_free(int code) {
-  return code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO || code == RLOO || code == DR_GRPO;
-}
-
-BK_HD bool native_supports(int code) {
-  return code >= 0 && code < NUM_CODES && code != MAXK_OFFPOLICY_EXACT;
-}
 
 // The k a group of size n actually uses, and whether its outputs are forced to 0 (too-small rule).
 struct GroupK {

@@ -208,6 +208,12 @@ class SerialExec {
     at.p = prev.p + 1;
   }
 
+  // A linear estimator's tables: the call's bank block, or one k's tables from the cache above.
+  template <class V>
+  bool tables(const Params& p, int code, int k, TableSet<V>& t) {
+    return fill_tables(*this, p, code, k, t);
+  }
+
   // Final values in sorted order; the caller scatters them back.
   void emit(int s, double v) { values_[s] = v; }
   const double* values() const { return values_.data(); }
