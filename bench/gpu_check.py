@@ -145,6 +145,23 @@ def build(route: str, timeout_s: float, build_lib: str | None = None) -> bool:
 
 # ============================================================================= checks (children)
 
+def maxrl_reference(values, offsets, clip_lo, clip_hi, mean_scale=True):
+    """maxrl in float64 where bonkernels.reference lacks it (spec 12): (x_i - m) / m per group, m the
+    mean taken around the group's first sample, 0 when m == 0 (natural scale: mean)."""
+    import torch
+    out = torch.zeros_like(values)
+    for g in range(offsets.numel() - 1):
+        x = values[int(offsets[g]):int(offsets[g + 1])]
+        if x.numel() == 0:
+            continue
+        m = x[0] + (x - x[0]).mean()
+        a = torch.zeros_like(x) if m == 0 or x.numel() == 1 else (x - m) / m
+        if not mean_scale:
+            a = a / x.numel()
+        out[int(offsets[g]):int(offsets[g + 1])] = a.clamp(clip_lo, clip_hi)
+    return out
+
+
 class Report:
     """Pass/fail/skip counts and messages per section."""
 
@@ -231,8 +248,21 @@ class Ctx:
         dtype = values.dtype
         cpu = lambda t: None if t is None else t.detach().to("cpu", self.torch.float64)  # noqa: E731
         rest = list(args[3:11])  # no size hint: the reference needs none
-        w = self.reference.advantages_packed(cpu(values), cpu(offsets).long(), cpu(deltas), *rest, None)
+        if args[4] == getattr(self.estimators.REGISTRY.get("maxrl"), "code", None) and not self.reference_has_maxrl():
+            w = maxrl_reference(cpu(values), cpu(offsets).long(), rest[3], rest[4], rest[5])
+        else:
+            w = self.reference.advantages_packed(cpu(values), cpu(offsets).long(), cpu(deltas), *rest, None)
         return w.to(dtype).double()
+
+    def reference_has_maxrl(self):
+        torch = self.torch
+        try:
+            self.reference.advantages_packed(torch.ones(2, dtype=torch.float64), torch.tensor([0, 2]), None, 1,
+                                             self.estimators.get("maxrl").code, None, -math.inf, math.inf, True, 2,
+                                             1e-6, None)
+            return True
+        except ValueError:
+            return False
 
     def compare(self, got, want, dtype) -> str | None:
         torch = self.torch
@@ -406,11 +436,11 @@ def adversarial(ctx, which):
                         clean_d[offs[g]:offs[g + 1]] = 0.0
                 variant = (dtype, True, (-math.inf, math.inf), 1e-6, 2, 2)
                 args = args_for(ctx, est, values, offsets, deltas, variant, bound if ctx.cuda else None)
-                want = ctx.want(args_for(ctx, est, clean_v, offsets, clean_d, variant, None))
-                for g in bad_groups:
-                    want[offs[g]:offs[g + 1]] = math.nan
                 label = f"NaN contract {est.name} bucket<={bound} {str(dtype)[6:]}"
                 try:
+                    want = ctx.want(args_for(ctx, est, clean_v, offsets, clean_d, variant, None))
+                    for g in bad_groups:
+                        want[offs[g]:offs[g + 1]] = math.nan
                     got, problem = ctx.run_backend(which, args)
                     problem = problem or ctx.compare(got, want, dtype)
                 except Exception as error:
@@ -644,8 +674,11 @@ def section_api(ctx):
                 d = None if deltas is None else deltas.reshape(-1)
                 kw["group_ids"] = group_ids
             common = dict(deltas=d, clamp_delta=0.3 if est.needs_deltas else None, small_groups="clamp", **kw)
+            oracle = "torch"
+            if name == "maxrl" and not ctx.reference_has_maxrl():
+                oracle = "cpu"  # checked against maxrl_reference by the kernels section
             try:
-                want = bk.advantages(r.double(), k, name, backend="torch", **{key: (val.double() if (
+                want = bk.advantages(r.double(), k, name, backend=oracle, **{key: (val.double() if (
                     key == "deltas" and val is not None) else val) for key, val in common.items()})
             except Exception as error:
                 rep.fail("api", f"{name} {layout}: the reference raised {error!r}")
