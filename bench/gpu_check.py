@@ -165,8 +165,17 @@ def maxrl_reference(values, offsets, clip_lo, clip_hi, mean_scale=True):
 class Report:
     """Pass/fail/skip counts and messages per section."""
 
-    def __init__(self):
+    def __init__(self, json_path=None):
         self.sections: dict[str, dict] = {}
+        self.json_path = json_path
+        self.count = 0
+
+    def flush(self):
+        """Written as it goes, so a child stopped at the deadline still reports what it checked."""
+        if self.json_path:
+            with open(self.json_path + ".tmp", "w") as f:
+                json.dump(self.sections, f, indent=1, default=str)
+            os.replace(self.json_path + ".tmp", self.json_path)
 
     def _s(self, section):
         return self.sections.setdefault(section, {"passed": 0, "failed": [], "skipped": []})
@@ -187,12 +196,15 @@ class Report:
             self.fail(section, f"{label}: {problem}")
         else:
             self.ok(section)
+        self.count += 1
+        if self.count % 25 == 0:
+            self.flush()
 
 
 class Ctx:
     """Shared state of a child: the device, generators, the backends."""
 
-    def __init__(self, device: str, quick: bool, report: Report):
+    def __init__(self, device: str, quick: bool, report: Report, budget_s: float = 1e9):
         import torch
         import bonkernels as bk
         from bonkernels import _native, estimators, reference
@@ -201,6 +213,7 @@ class Ctx:
         self.cuda = self.device.type == "cuda"
         self.quick = quick
         self.report = report
+        self.stop_at = time.monotonic() + budget_s
         self.gen = torch.Generator().manual_seed(int(time.time()) % 100000)  # fresh inputs every run
         log(f"[inputs] seed {self.gen.initial_seed()}")
         self.natives = [e for e in estimators.REGISTRY.values() if e.code not in _native.UNSUPPORTED_CODES]
@@ -217,6 +230,16 @@ class Ctx:
     def sync(self):
         if self.cuda:
             self.torch.cuda.synchronize()
+
+    def out_of_time(self, section, label) -> bool:
+        """True (and a recorded failure, once per section) when the child's budget is spent."""
+        if time.monotonic() < self.stop_at:
+            return False
+        s = self.report._s(section)
+        if not s.get("out_of_time"):
+            s["out_of_time"] = True
+            self.report.fail(section, f"out of time: not run from {label} on")
+        return True
 
     # ------------------------------------------------------------------ inputs and references
 
@@ -343,6 +366,8 @@ def section_kernels(ctx):
         reps = max(1, target // (sum(sizes) + 1))
         ragged = [s for _ in range(reps) for s in sizes] + [0]
         for est in ctx.natives:
+            if ctx.out_of_time("kernels", f"{est.name} bucket<={bound}"):
+                return
             for variant in variants(ctx, est):
                 values, offsets, deltas = ctx.batch(ragged, est, variant[0])
                 for hint in (bound, None):
@@ -379,6 +404,8 @@ def section_triton(ctx):
             if ctx.quick:
                 ests = [e for e in ests if e.name in ("maxk", "maxk_offpolicy", "grpo")]
             for est in ests:
+                if ctx.out_of_time("triton", f"{est.name} block={block} {dtype}"):
+                    return
                 for variant in variants(ctx, est)[:2]:
                     variant = (dtype,) + variant[1:]
                     values, offsets, deltas = ctx.batch(ragged, est, dtype)
@@ -416,6 +443,8 @@ def adversarial(ctx, which):
         for s in ragged:
             offs.append(offs[-1] + s)
         for est in ests:
+            if ctx.out_of_time(section, f"NaN contract {est.name} bucket<={bound}"):
+                return
             for dtype in (torch.float32, torch.float64):
                 values, offsets, deltas = ctx.batch(ragged, est, dtype)
                 bad_groups = set()
@@ -763,6 +792,8 @@ def section_policy_loss(ctx):
     for B, T in shapes:
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             for cfg in configs:
+                if ctx.out_of_time("policy_loss", f"B={B} T={T} {dtype}"):
+                    return
                 cfg = dict(cfg)
                 est = cfg.pop("estimator", "maxk_loo1")
                 kl = cfg.pop("kl", 0.0)
@@ -895,7 +926,7 @@ def child(args) -> int:
     sys.path.insert(0, os.environ.get("BK_GPU_CHECK_PACKAGE_ROOT", ROOT))
     import torch
     from bonkernels import _native
-    report = Report()
+    report = Report(args.json)
     route = _native.build_route()
     log(f"[env] python {sys.version.split()[0]}, torch {torch.__version__} (cuda {torch.version.cuda}), "
         f"device {args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "")
@@ -911,7 +942,7 @@ def child(args) -> int:
     if report.sections["build"]["failed"]:
         json.dump(report.sections, open(args.json, "w"), indent=1)
         return 1
-    ctx = Ctx(args.device, args.quick, report)
+    ctx = Ctx(args.device, args.quick, report, args.budget_s)
     if args.sanitize_target:
         sanitize_target(ctx)
         return 0
@@ -924,30 +955,48 @@ def child(args) -> int:
         s = report.sections.setdefault(name, {"passed": 0, "failed": [], "skipped": []})
         log(f"[{name}] {s['passed']} passed, {len(s['failed'])} failed, {len(s['skipped'])} skipped "
             f"in {time.monotonic() - t0:.0f} s")
+        report.flush()
     json.dump(report.sections, open(args.json, "w"), indent=1, default=str)
     return 0 if not any(s["failed"] for s in report.sections.values()) else 1
 
 
 # ============================================================================= parent
 
-def run_child(args, sections, json_path, timeout_s, env_extra=None, sanitize=False, prefix=()):
-    cmd = [*prefix, sys.executable, os.path.abspath(__file__), "--child", "--device", args.device, "--route",
-           args.route, "--json", json_path, "--sections", ",".join(sections)]
-    if args.quick:
-        cmd.append("--quick")
-    if sanitize:
-        cmd.append("--sanitize-target")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=max(10.0, timeout_s))
-        output, rc = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as error:
-        output = (error.stdout or b"").decode(errors="replace") if isinstance(error.stdout, bytes) else (error.stdout or "")
-        rc = None
-    for line in output.splitlines():
-        log("    " + line if sanitize else line)
-    return rc, output
+class Job:
+    """A child interpreter running some sections (or the sanitizer target), its output in a file."""
+
+    def __init__(self, args, name, scratch, sections=(), env_extra=None, sanitize=False, prefix=(), route=None,
+                 package_root=None, budget_s=1e9):
+        self.name, self.sanitize = name, sanitize
+        self.json = os.path.join(scratch, f"{name}.json")
+        self.log_path = os.path.join(scratch, f"{name}.log")
+        cmd = [*prefix, sys.executable, os.path.abspath(__file__), "--child", "--device", args.device, "--route",
+               route or args.route, "--json", self.json, "--sections", ",".join(sections),
+               "--budget-s", str(budget_s)]
+        if args.quick:
+            cmd.append("--quick")
+        if sanitize:
+            cmd.append("--sanitize-target")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
+        env.setdefault("OMP_NUM_THREADS", "4")  # several children share the CPU
+        if package_root:
+            env["BK_GPU_CHECK_PACKAGE_ROOT"] = package_root
+        self.file = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.file, stderr=subprocess.STDOUT)
+        self.rc = "running"
+
+    def wait(self, deadline_s):
+        try:
+            self.rc = self.proc.wait(timeout=max(1.0, deadline_s - elapsed()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.rc = None
+        self.file.close()
+        return self.rc
+
+    def output(self):
+        return open(self.log_path, errors="replace").read()
 
 
 def find_sanitizer() -> str | None:
@@ -976,11 +1025,12 @@ def main() -> int:
     parser.add_argument("--route", choices=("torch-cuda", "bare-nvcc"), default="torch-cuda",
                         help="the build route to build and assert (default torch-cuda)")
     parser.add_argument("--no-bare-route", action="store_true", help="skip the extra bare-nvcc build and checks")
-    parser.add_argument("--deadline-s", type=float, default=345, help="whole-script budget (sections past it FAIL)")
+    parser.add_argument("--deadline-s", type=float, default=340, help="whole-script budget (checks past it FAIL)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sanitize-target", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sections", default=",".join(SECTIONS), help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--budget-s", type=float, default=1e9, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dry_run:
         args.device, args.no_build, args.quick = "cpu", True, True
@@ -992,114 +1042,88 @@ def main() -> int:
 
     os.makedirs(args.out, exist_ok=True)
     LOG_FILE = open(os.path.join(args.out, "gpu_check.log"), "w")
-    summary = {"device": args.device, "route": args.route, "argv": sys.argv[1:], "sections": {}, "notes": []}
-    failed = []
-
-    def merge(json_path, rc, what):
-        data = {}
-        if os.path.exists(json_path):
-            data = json.load(open(json_path))
-        for name, s in data.items():
-            summary["sections"].setdefault(name, {"passed": 0, "failed": [], "skipped": []})
-            target = summary["sections"][name]
-            target["passed"] += s["passed"]
-            target["failed"] += s["failed"]
-            target["skipped"] += s["skipped"]
-            for key in s:
-                if key not in ("passed", "failed", "skipped"):
-                    target[key] = s[key]
-        if rc != 0:
-            msg = f"{what}: " + ("timed out" if rc is None else f"exit status {rc}")
-            if rc is None or not any(s["failed"] for s in data.values()):
-                failed.append(msg)
-            log(f"[{what}] {msg}")
-
+    summary = {"device": args.device, "route": args.route if args.device == "cuda" else None, "argv": sys.argv[1:],
+               "sections": {}, "notes": []}
+    failed: list[str] = []
     scratch = tempfile.mkdtemp(prefix="bk_gpu_check_")
-    device_is_cuda = args.device == "cuda"
+    cuda = args.device == "cuda"
+    log(f"[gpu_check] device {args.device}; log and summary.json in {args.out}")
+
     # 1. the build, by the asserted route: a failure fails the check (no silent fallback)
     if not args.no_build:
         if not build(args.route, 200):
             failed.append(f"build by the {args.route} route failed")
             summary["sections"]["build"] = {"passed": 0, "failed": [f"{args.route} build failed"], "skipped": []}
             return finish(args, summary, failed)
-    elif device_is_cuda:
+    elif cuda:
         log("[build] --no-build: checking the extension as it is")
-    # 2. the checks, each group of sections in its own interpreter
-    groups = [["kernels", "streams", "graphs", "api"], ["triton", "policy_loss"], ["adversarial-native"],
-              ["adversarial-triton"]]
-    env_extra = {}
-    if not device_is_cuda and args.dry_run:
-        env_extra["TRITON_INTERPRET"] = "1"  # the Triton code paths on the CPU
-    for i, sections in enumerate(groups):
-        left = args.deadline_s - elapsed() - 25 * (len(groups) - i)
-        if left < 20:
-            failed.append(f"out of time before sections {sections}")
-            log(f"[done] NOT RUN (time): {sections}")
-            continue
-        path = os.path.join(scratch, f"child{i}.json")
-        rc, _ = run_child(args, sections, path, left, env_extra)
-        merge(path, rc, "+".join(sections))
-    # 3. compute-sanitizer on every CUDA kernel variant
-    sanitizer = find_sanitizer() if device_is_cuda else None
+
+    # 2. the checks: each group of sections in its own interpreter, all at once (one crashed CUDA
+    # context loses one group; the GPU is shared, correctness is not affected)
+    env_extra = {"TRITON_INTERPRET": "1"} if (not cuda and args.dry_run) else {}
+    groups = {"core": ["kernels", "streams", "graphs", "api"], "triton": ["triton"], "policy_loss": ["policy_loss"],
+              "adversarial-native": ["adversarial-native"], "adversarial-triton": ["adversarial-triton"]}
+    check_deadline = args.deadline_s - 30  # leave time for the timing table and the summary
+    budget = check_deadline - elapsed() - 20  # children stop themselves (and say so) before being killed
+    jobs = [Job(args, name, scratch, sections, env_extra, budget_s=budget) for name, sections in groups.items()]
+    # 3. compute-sanitizer on every CUDA kernel variant, alongside
+    sanitizer = find_sanitizer() if cuda else None
     sec = summary["sections"].setdefault("sanitizer", {"passed": 0, "failed": [], "skipped": []})
-    if not device_is_cuda:
-        path = os.path.join(scratch, "sanitize.json")
-        rc, out = run_child(args, [], path, 120, env_extra, sanitize=True)
-        sec["skipped"].append("no CUDA device: the target ran without compute-sanitizer")
-        log("[sanitizer] SKIP: no CUDA device (the sanitizer target ran plain)")
-        if rc != 0:
-            sec["failed"].append(f"sanitizer target failed (exit {rc})")
-            failed.append("sanitizer target")
+    if not cuda:
+        jobs.append(Job(args, "sanitize-plain", scratch, env_extra=env_extra, sanitize=True))
+        sec["skipped"].append("no CUDA device: the sanitizer target ran without compute-sanitizer")
     elif sanitizer is None:
         sec["skipped"].append("compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda)")
-        log("[sanitizer] SKIP: compute-sanitizer not found")
     else:
         for tool in ("memcheck", "racecheck", "synccheck"):
-            left = args.deadline_s - elapsed() - 15
-            if left < 30:
-                sec["failed"].append(f"{tool}: out of time")
-                failed.append(f"sanitizer {tool} not run (time)")
-                continue
-            path = os.path.join(scratch, f"sanitize_{tool}.json")
             prefix = (sanitizer, "--tool", tool, "--error-exitcode", "97", "--print-limit", "20")
-            log(f"[sanitizer] {tool} ...")
-            rc, out = run_child(args, [], path, min(left, 110), {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, sanitize=True,
-                                prefix=prefix)
-            clean = rc == 0 and "ERROR SUMMARY: 0 errors" in out and "[sanitize-target] done" in out
-            if clean:
-                sec["passed"] += 1
-                log(f"[sanitizer] {tool}: 0 errors")
-            else:
-                msg = f"{tool}: " + ("timed out" if rc is None else f"exit {rc}, see the log")
-                sec["failed"].append(msg)
-                failed.append(f"sanitizer {msg}")
-                log(f"[sanitizer] FAIL {msg}")
-    # 4. the bare-nvcc route too, built into a scratch package (streams and graphs are its risk)
-    if device_is_cuda and not args.no_build and not args.no_bare_route and args.route == "torch-cuda":
-        if args.deadline_s - elapsed() < 100:
-            summary["notes"].append("bare-nvcc route not checked: not enough time left")
-            log("[bare-nvcc] SKIP: not enough time left")
+            jobs.append(Job(args, f"sanitize-{tool}", scratch, sanitize=True, prefix=prefix,
+                            env_extra={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}))
+    # 4. the bare-nvcc route too, built meanwhile into a scratch package (streams and graphs are its risk)
+    bare_pkg = None
+    if cuda and not args.no_build and not args.no_bare_route and args.route == "torch-cuda":
+        bare_pkg = os.path.join(scratch, "bare")
+        shutil.copytree(os.path.join(ROOT, "bonkernels"), os.path.join(bare_pkg, "bonkernels"),
+                        ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+        if build("bare-nvcc", max(30.0, args.deadline_s - elapsed() - 90), build_lib=bare_pkg):
+            jobs.append(Job(args, "bare-nvcc", scratch, ["streams", "graphs"], route="bare-nvcc",
+                            package_root=bare_pkg, budget_s=check_deadline - elapsed() - 15))
         else:
-            pkg = os.path.join(scratch, "bare")
-            shutil.copytree(os.path.join(ROOT, "bonkernels"), os.path.join(pkg, "bonkernels"),
-                            ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
-            if build("bare-nvcc", max(30.0, args.deadline_s - elapsed() - 50), build_lib=pkg):
-                bare_args = argparse.Namespace(**{**vars(args), "route": "bare-nvcc"})
-                path = os.path.join(scratch, "bare.json")
-                rc, _ = run_child(bare_args, ["streams", "graphs"], path, args.deadline_s - elapsed() - 5,
-                                  {"BK_GPU_CHECK_PACKAGE_ROOT": pkg})
-                data = json.load(open(path)) if os.path.exists(path) else {}
-                for name, s in data.items():
-                    summary["sections"][f"bare-nvcc:{name}"] = s
-                if rc != 0:
-                    failed.append("bare-nvcc route: " + ("timed out" if rc is None else f"exit {rc}"))
+            failed.append("bare-nvcc build failed")
+
+    for job in jobs:
+        rc = job.wait(check_deadline)
+        out = job.output()
+        log(f"---------------- {job.name} ({'timed out' if rc is None else f'exit {rc}'})")
+        for line in out.splitlines()[-400:]:
+            log(line)
+        data = json.load(open(job.json)) if os.path.exists(job.json) else {}
+        if job.sanitize:
+            if not cuda:
+                if rc != 0 or "[sanitize-target] done" not in out:
+                    sec["failed"].append(f"sanitizer target failed (exit {rc})")
+            elif rc == 0 and "ERROR SUMMARY: 0 errors" in out and "[sanitize-target] done" in out:
+                sec["passed"] += 1
             else:
-                failed.append("bare-nvcc build failed")
+                sec["failed"].append(f"{job.name}: " + ("timed out" if rc is None else f"exit {rc}, errors in the log"))
+            continue
+        prefix_name = "bare-nvcc:" if job.name == "bare-nvcc" else ""
+        for name, s in data.items():
+            target = summary["sections"].setdefault(prefix_name + name, {"passed": 0, "failed": [], "skipped": []})
+            target["passed"] += s["passed"]
+            target["failed"] += s["failed"]
+            target["skipped"] += s["skipped"]
+        if rc != 0 and (rc is None or not any(s["failed"] for s in data.values())):
+            failed.append(f"{job.name}: " + ("timed out (not every check ran)" if rc is None else f"exit status {rc}"))
+
     # 5. timing (informational; a crash still fails)
-    if args.deadline_s - elapsed() > 25:
-        path = os.path.join(scratch, "timing.json")
-        rc, _ = run_child(args, ["timing"], path, args.deadline_s - elapsed() - 3, env_extra)
-        merge(path, rc, "timing")
+    if args.deadline_s - elapsed() > 15:
+        job = Job(args, "timing", scratch, ["timing"], env_extra)
+        rc = job.wait(args.deadline_s - 2)
+        for line in job.output().splitlines():
+            log(line)
+        if rc != 0:
+            failed.append("timing: " + ("timed out" if rc is None else f"exit status {rc}"))
     else:
         summary["notes"].append("timing skipped: out of time")
         log("[time] skipped: out of time")
@@ -1120,6 +1144,13 @@ def finish(args, summary, failed) -> int:
     log(f"{'section':28s} {'passed':>7s} {'failed':>7s} {'skipped':>8s}")
     for name, s in summary["sections"].items():
         log(f"{name:28s} {s['passed']:7d} {len(s['failed']):7d} {len(s['skipped']):8d}")
+    for name, s in summary["sections"].items():
+        for reason in s["skipped"]:
+            log(f"skipped [{name}]: {reason}")
+        for msg in s["failed"][:10]:
+            log(f"FAIL [{name}]: {msg[:240]}")
+        if len(s["failed"]) > 10:
+            log(f"FAIL [{name}]: ... and {len(s['failed']) - 10} more (summary.json)")
     for msg in failed:
         log(f"FAILED: {msg}")
     log(f"[done] route asserted: {args.route if args.device == 'cuda' else 'n/a (cpu)'}; "

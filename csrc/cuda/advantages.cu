@@ -164,7 +164,7 @@ struct WarpExec {
   }
 
   __device__ __forceinline__ void emit(int, double v) {
-    if (lane < n && idx < n) store_value(dtype, out, base + idx, v);  // idx: the source index
+    if (max(lane, idx) < n) store_value(dtype, out, base + idx, v);  // idx: the source index, < n
   }
 };
 
@@ -187,8 +187,8 @@ __device__ __forceinline__ void segment_bitonic_sort(unsigned mask, int lane, do
 }
 
 // NaN into out[lo, hi) (a span from classify_group: inside the output), `step` threads from `first`.
-__device__ __forceinline__ void nan_fill(int dtype, void* out, const GroupSpan& span, int first, int step) {
-  for (int64_t i = span.lo + first; i < span.hi; i += step) store_value(dtype, out, i, BK_NAN);
+__device__ __forceinline__ void nan_fill(int dtype, void* out, int64_t lo, int64_t hi, int first, int step) {
+  for (int64_t i = lo + first; i < hi; i += step) store_value(dtype, out, i, BK_NAN);
 }
 
 // Whether a group's loaded inputs break the NaN contract: any lane of the segment (every lane of
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __rest
       ex.base = span.lo;
       ex.n = int(span.hi - span.lo);
     } else if (span.action == GROUP_NAN_FILL) {
-      nan_fill(dtype, out, span, lane, W);
+      nan_fill(dtype, out, span.lo, span.hi, lane, W);
     }
   }
   ex.out = out;
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
   if (g >= num_groups) return;  // uniform per block
   const GroupSpan span = classify_group(offsets[g], offsets[g + 1], total, int64_t(BLOCK) * ITEMS);
   if (span.action != GROUP_COMPUTE) {  // uniform per block
-    if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span, threadIdx.x, BLOCK);
+    if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, threadIdx.x, BLOCK);
     return;
   }
   BlockExec<BLOCK, ITEMS> ex;
