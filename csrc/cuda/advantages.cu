@@ -235,6 +235,7 @@ __global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __rest
   ex.idx = idx;
   typename WarpExec<W>::Vec x, delta;
   x[0] = key;
+  // (lane < n implies idx < n: the sort is a permutation and every real key is below the padding)
   delta[0] = (needs_deltas(p.code) && deltas != nullptr && lane < ex.n) ? load_delta(dtype, deltas, ex.base + idx, p) : 0.0;
   compute_group(ex, p, x, delta);
 }
@@ -404,7 +405,7 @@ struct BlockExec {
   }
 
   __device__ __forceinline__ void emit(int s, double v) {
-    if (first + s < n && idx[s] < n) store_value(dtype, out, base + idx[s], v);  // idx: the source index
+    if (max(first + s, idx[s]) < n) store_value(dtype, out, base + idx[s], v);  // idx: the source index, < n
   }
 };
 
@@ -461,7 +462,8 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
   BK_UNROLL
   for (int s = 0; s < ITEMS; ++s) {
     x[s] = keys[s];
-    delta[s] = (off_policy && ex.first + s < ex.n) ? load_delta(dtype, deltas, ex.base + ex.idx[s], p) : 0.0;
+    delta[s] = (off_policy && max(ex.first + s, ex.idx[s]) < ex.n) ? load_delta(dtype, deltas, ex.base + ex.idx[s], p)
+                                                                    : 0.0;
   }
   compute_group(ex, p, x, delta);
 }
