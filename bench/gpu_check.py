@@ -493,9 +493,9 @@ def adversarial(ctx, which):
                     probe = torch.ones(4, device=ctx.device).sum().item()
                     problem = None if probe == 4.0 else "device in a bad state"
             except Exception as error:
-                # The CPU kernel refuses malformed offsets with a clear error (its bounds check);
-                # any other backend must neither raise nor fault.
-                refused = not ctx.cuda and which == "native" and isinstance(error, ValueError)
+                # A clear refusal (ValueError: the CPU kernel's bounds check, or a backend that
+                # measured the groups without a hint) is safe; a fault or any other error is not.
+                refused = isinstance(error, ValueError) and not (ctx.cuda and which == "native" and hint)
                 problem = None if refused else f"raised {type(error).__name__}: {str(error)[:300]}"
             rep.check(section, label, problem)
     # 3. an undersized max_group_size: larger groups NaN-filled, the others exact
