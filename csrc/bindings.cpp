@@ -103,13 +103,15 @@ at::Tensor deltas_or_undefined(const std::optional<at::Tensor>& deltas, int64_t 
 
 void out_cpu(const at::Tensor& values, const at::Tensor& offsets, const std::optional<at::Tensor>& deltas, int64_t k,
              int64_t code, std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
-             int64_t small_groups, double eps, std::optional<int64_t> /*max_group_size*/, const at::Tensor& out,
+             int64_t small_groups, double eps, std::optional<int64_t> max_group_size, const at::Tensor& out,
              const std::optional<at::Tensor>& bank, const std::optional<at::Tensor>& bank_index) {
   bk::Params p = make_params(k, code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps);
   check_tensors(values, offsets, deltas, code, out);
   attach_bank(p, bank, bank_index, values);
   at::Tensor o = out;
-  bk::advantages_cpu(values.contiguous(), offsets.contiguous(), deltas_or_undefined(deltas, code), p, o);
+  TORCH_CHECK_VALUE(!max_group_size.has_value() || *max_group_size >= 0, "bonkernels: max_group_size must be >= 0");
+  bk::advantages_cpu(values.contiguous(), offsets.contiguous(), deltas_or_undefined(deltas, code), p, o,
+                     max_group_size.value_or(-1));
 }
 
 #ifdef BK_WITH_CUDA

@@ -252,3 +252,79 @@ def test_bank_arguments_are_checked():
     bad = index.clone()
     bad[6] = bank.numel() - 5
     assert torch.isnan(native(values, [6], "maxk", 1, bank=bank, bank_index=bad)).all()
+
+
+# ----------------------------------------------------------------------------- non-finite inputs, undersized bound
+
+NATIVE = [e for e in estimators.REGISTRY.values() if e.code not in _native.UNSUPPORTED_CODES]
+
+
+def run_in_guarded_buffer(values, offsets, deltas, est, k=2, max_group_size=None):
+    """Run with `out` a view into a larger poisoned buffer; return the view and whether the guard
+    elements on both sides survived (nothing written outside the output)."""
+    N = values.numel()
+    buf = torch.full((N + 2,), 777.0, dtype=values.dtype)
+    out = buf[1:N + 1]
+    out.fill_(12345.0)
+    _native.advantages_packed(values, offsets, deltas, k, est.code, None, -math.inf, math.inf, True, 2, 1e-6,
+                              max_group_size, out=out)
+    return out, bool(buf[0] == 777.0 and buf[-1] == 777.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("est", NATIVE, ids=lambda e: e.name)
+def test_non_finite_group_is_all_nan_and_others_untouched(est, dtype):
+    """Checks off (interface 4): a NaN or +-inf reward (or delta) makes its whole group NaN."""
+    gen = torch.Generator().manual_seed(900 + est.code)
+    sizes = [5, 1, 24, 25, 29, 32, 33, 64, 65, 200, 3]
+    offsets = torch.tensor([0] + sizes).cumsum(0)
+    N = sum(sizes)
+    if est.binary:
+        clean = (torch.rand(N, generator=gen) < 0.5).double()
+    else:
+        clean = torch.randint(0, 6, (N,), generator=gen).double() / 4 + 0.25
+    deltas = (torch.rand(N, generator=gen, dtype=torch.float64) - 0.5) * 0.4 if est.needs_deltas else None
+    bad_groups = [0, 1, 3, 4, 5, 6, 7, 8, 9]
+    for bad in (math.nan, math.inf, -math.inf):
+        values = clean.clone()
+        d = None if deltas is None else deltas.clone()
+        for n_bad, g in enumerate(bad_groups):
+            start, n = int(offsets[g]), sizes[g]
+            values[start + (n_bad * 7) % n] = bad
+            if n > 4:
+                values[start + n - 2] = bad
+        for target in (["values"] + (["deltas"] if est.needs_deltas else [])):
+            v = values if target == "values" else clean
+            dd = d
+            if target == "deltas":
+                dd = deltas.clone()
+                for g in bad_groups:
+                    dd[int(offsets[g]) + sizes[g] // 2] = bad
+            want_clean, _ = run_in_guarded_buffer(clean.to(dtype), offsets, None if deltas is None else deltas.to(dtype), est)
+            got, guarded = run_in_guarded_buffer(v.to(dtype), offsets, None if dd is None else dd.to(dtype), est)
+            assert guarded, f"{est.name}: wrote outside the output"
+            assert not bool((got == 12345.0).any()), f"{est.name}: outputs left unwritten"
+            for g, n in enumerate(sizes):
+                part = got[int(offsets[g]):int(offsets[g]) + n]
+                if g in bad_groups:
+                    assert torch.isnan(part).all(), f"{est.name} {target}={bad} group {g}: {part[:6]}"
+                else:
+                    ref = want_clean[int(offsets[g]):int(offsets[g]) + n]
+                    assert torch.equal(part, ref), f"{est.name}: clean group {g} changed"
+
+
+@pytest.mark.parametrize("est", [estimators.get(n) for n in ("maxk", "grpo", "maxk_offpolicy", "maxrl")],
+                         ids=lambda e: e.name)
+def test_undersized_max_group_size_nan_fills_the_larger_groups(est):
+    sizes = [3, 9, 4, 12, 1]
+    offsets = torch.tensor([0] + sizes).cumsum(0)
+    values = torch.rand(sum(sizes), dtype=torch.float64)
+    deltas = torch.zeros_like(values) if est.needs_deltas else None
+    full, _ = run_in_guarded_buffer(values, offsets, deltas, est)
+    got, guarded = run_in_guarded_buffer(values, offsets, deltas, est, max_group_size=4)
+    assert guarded
+    for g, n in enumerate(sizes):
+        part, ref = (t[int(offsets[g]):int(offsets[g]) + n] for t in (got, full))
+        assert torch.isnan(part).all() if n > 4 else torch.equal(part, ref), (g, part)
+    with pytest.raises(ValueError, match="max_group_size"):
+        run_in_guarded_buffer(values, offsets, deltas, est, max_group_size=-1)

@@ -285,6 +285,37 @@ void check_constant_and_extremes() {
   expect_close(z[1], 1.0, 1e-12, "grpo subnormal residues", 3, 0, 1);
 }
 
+// Non-finite inputs (checks off): every estimator gives NaN for every sample of the group, and the
+// CPU sorts keep every slot exactly once with NaN keys (std::sort with `<` may not).
+void check_non_finite() {
+  for (int n : {1, 2, 5, 24, 25, 29, 32, 33, 70}) {
+    for (double bad : {double(NAN), double(INFINITY), -double(INFINITY)}) {
+      std::vector<double> g(n), delta(n, 0.1);
+      for (int i = 0; i < n; ++i) g[i] = (i * 7 % 5) * 0.25;
+      g[n / 2] = bad;
+      if (n > 3) g[0] = -double(NAN);  // a negative NaN too
+      for (int code = 0; code < bk::NUM_CODES; ++code) {
+        if (!bk::native_supports(code)) continue;
+        for (int b : {0, 1}) {
+          if (b == 1 && !bk::needs_deltas(code)) continue;
+          std::vector<double> gg = g, dd = delta;
+          if (b == 1) gg = std::vector<double>(n, 0.5), dd[n - 1] = bad;  // a bad delta only
+          for (double v : run<bk::SerialExec>(code, gg, dd, 1)) expect_close(v, NAN, 0.0, "non-finite group", n, code, 0);
+        }
+      }
+      std::vector<std::pair<double, int32_t>> pairs(n);
+      std::vector<std::pair<uint64_t, int32_t>> buf;
+      for (int with_buf = 0; with_buf < 2; ++with_buf) {
+        for (int i = 0; i < n; ++i) pairs[i] = {i % 3 == 0 ? double(NAN) : g[i], i};
+        bk::sort_pairs(pairs.data(), n, with_buf ? &buf : nullptr);
+        std::vector<int> seen(n, 0);
+        for (auto& pr : pairs) seen[pr.second]++;
+        for (int i = 0; i < n; ++i) expect_close(seen[i], 1, 0.0, "sort with NaN keys is a permutation", n, 0, i);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- mixture bank (spec 12)
 
 // d^(n,k)_j, j = 1..n (index j - 1), from binomials: independent of the kernel's recurrence.
@@ -456,7 +487,43 @@ void check_refinements() {
   expect_close(bk::div_refine(NAN, 2.0, 0.5), NAN, 0.0, "nan / b", 0, 0, 0);
 }
 
+// The GPU's rcp.approx.ftz.f64 as far as bk_div depends on it: about 20 good bits, subnormal
+// inputs flushed to 0 (1/x = inf), subnormal results flushed to 0.
+double rcp_ftz_emulated(double x) {
+  if (x == 0.0 || std::fabs(x) < 0x1p-1022) return std::copysign(INFINITY, x);
+  const double r = 1.0 / x;
+  if (std::fabs(r) < 0x1p-1022) return std::copysign(0.0, r);
+  if (std::isinf(r)) return r;
+  return bk::bits_to_double(bk::double_to_bits(r) & ~((uint64_t(1) << 32) - 1));
+}
+
+// bk_div's device path (div_with_estimate over the flush-to-zero estimate) against IEEE a / b, on
+// subnormal, tiny, huge and ordinary denominators: correct within an ulp, never NaN.
+void check_division_ftz() {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> expo_b(-1074, 1023), expo_a(-200, 200);
+  bool refine_alone_fails = false;
+  for (int i = 0; i < 200000; ++i) {
+    const double b = std::ldexp(mant(rng), expo_b(rng)) * (i % 3 ? 1 : -1);
+    const double a = std::ldexp(mant(rng), expo_a(rng)) * (i % 2 ? -1 : 1);
+    const double want = a / b;
+    const double got = bk::div_with_estimate(a, b, rcp_ftz_emulated);
+    if (std::fabs(b) < 0x1p-1022 && std::isnan(bk::div_refine(a, b, rcp_ftz_emulated(b)))) refine_alone_fails = true;
+    const bool ok = got == want || std::fabs(got - want) <= 2.3e-16 * std::fabs(want) ||
+                    (std::fabs(want) < 0x1p-1000 && std::fabs(got - want) <= 0x1p-1074 * 4);
+    if (!ok) expect_close(got, want, 0.0, "div_with_estimate (ftz)", 0, 0, i);
+  }
+  expect_close(refine_alone_fails, 1, 0.0, "a subnormal b breaks the unscaled refinement", 0, 0, 0);
+  expect_close(bk::div_with_estimate(1.0, 4.9e-324, rcp_ftz_emulated), INFINITY, 0.0, "1 / min subnormal", 0, 0, 0);
+  expect_close(bk::div_with_estimate(1e-310, 2e-310, rcp_ftz_emulated), 0.5, 0.0, "subnormal / subnormal", 0, 0, 0);
+  expect_close(bk::div_with_estimate(3.0, 0.0, rcp_ftz_emulated), INFINITY, 0.0, "a / 0 (ftz)", 0, 0, 0);
+  expect_close(bk::div_with_estimate(3.0, INFINITY, rcp_ftz_emulated), 0.0, 0.0, "a / inf (ftz)", 0, 0, 0);
+  expect_close(bk::div_with_estimate(1e300, 1.5e308, rcp_ftz_emulated), 1e300 / 1.5e308, 2.3e-16, "a / huge", 0, 0, 0);
+}
+
 int main() {
+  check_division_ftz();
   check_sorts();
   check_refinements();
   std::mt19937_64 rng(12345);
@@ -479,6 +546,7 @@ int main() {
   check_rules();
   check_constant_and_extremes();
   check_bank();
+  check_non_finite();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -44,14 +44,34 @@ BK_HD double div_refine(double a, double b, double r0) {
   return ::fabs(q1) < BK_INF ? q1 : q0;
 }
 
+// a / b from an estimator rcp(x) of 1/x that is only good (~20 bits) for |x| in [2^-1000, 2^1000]:
+// the GPU's rcp.approx.ftz flushes subnormal inputs (1/b -> inf: div_refine would give NaN) and
+// subnormal results (1/b -> 0). A finite b outside that range is first brought inside by an exact
+// power of two, applied to a as well; a * s over- or underflows only where a / b does too.
+// Host-testable with an emulated estimator.
+template <class Rcp>
+BK_HD double div_with_estimate(double a, double b, Rcp rcp) {
+  const double m = ::fabs(b);
+  if (m != 0.0 && m < 0x1p-1000) {
+    a *= 0x1p600;
+    b *= 0x1p600;
+  } else if (m > 0x1p1000 && m < BK_INF) {
+    a *= 0x1p-600;
+    b *= 0x1p-600;
+  }
+  return div_refine(a, b, rcp(b));
+}
+
 // a / b in the per-element paths. On the GPU, IEEE double division is an out-of-line ptxas
 // subroutine whose calling convention costs stack and register spills; the hardware reciprocal
 // estimate refined by div_refine stays inline.
 BK_HD double bk_div(double a, double b) {
 #if defined(__CUDA_ARCH__)
-  double r0;
-  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(b));
-  return div_refine(a, b, r0);
+  return div_with_estimate(a, b, [](double x) {
+    double r0;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(x));
+    return r0;
+  });
 #else
   return a / b;
 #endif

@@ -200,13 +200,24 @@ BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emi
 }
 
 // One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
-// for the order_free estimators (common.h) any order of x is fine.
+// for the order_free estimators (common.h) any order of x is fine. A group holding a NaN may be in
+// any order: it only needs every slot present once.
 // Emits every slot's final value (scale, too-small rule and clip applied).
 template <class Ex>
 BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename Ex::Vec& delta) {
   using Vec = typename Ex::Vec;
   const int n = ex.n;
   if (n <= 0) return;
+  // A NaN or +-inf reward (or delta, off-policy) makes every value of the group NaN (the contract
+  // with input checks off): x * 0 is +-0 for a finite x and NaN otherwise.
+  const bool with_deltas = needs_deltas(p.code);
+  const double probe = ex.reduce(0.0, SumOp(), [&](int s, int) {
+    return x[s] * 0.0 + (with_deltas ? delta[s] * 0.0 : 0.0);
+  });
+  if (!(probe == 0.0)) {
+    ex.for_each([&](int s, int) { ex.emit(s, BK_NAN); });
+    return;
+  }
   // With a bank the too-small rule is folded into its tables: k is ignored, no group is zeroed.
   const bool banked = p.bank != nullptr && reads_weight_tables(p.code);
   const GroupK gk = banked ? GroupK{1, false} : effective_k(p.code, n, p.k, p.small_groups);
