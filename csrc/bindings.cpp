@@ -149,6 +149,7 @@ void out_cuda(const at::Tensor& values, const at::Tensor& offsets, const std::op
     bound = *max_group_size;  // the caller's promise: no host sync
   } else {                    // no hint: find it (this syncs with the host)
     bound = (off.slice(0, 1) - off.slice(0, 0, num_groups)).max().item<int64_t>();
+    TORCH_CHECK_VALUE(bound >= 0, "bonkernels: malformed offsets: every group has a negative size");
   }
   TORCH_CHECK_VALUE(bound >= 0, "bonkernels: max_group_size must be >= 0");
   TORCH_CHECK_VALUE(bound <= BK_CUDA_MAX_GROUP, "bonkernels: the CUDA backend handles groups of at most ",
