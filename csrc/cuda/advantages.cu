@@ -154,13 +154,19 @@ struct WarpExec {
     return r;
   }
 
+  template <class Pred>
+  __device__ __forceinline__ bool any(Pred pred) {
+    return __any_sync(mask, lane < n && pred(0, lane + 1)) != 0;
+  }
+
   __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<WarpExec, false>(*this, N, K, at, at); }
   __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
     weights_by_scan<WarpExec, true>(*this, N, K, at, prev);
   }
   // Bank mode reads the block in global memory at each use (no registers held per table row).
-  __device__ __forceinline__ bool tables(const Params& p, int code, int k, TableSet<Vec>& t) {
-    return fill_tables(*this, p, code, k, t);
+  template <class Body>
+  __device__ __forceinline__ bool tables(const Params& p, int code, int k, Body body) {
+    return with_tables(*this, p, code, k, body);
   }
 
   __device__ __forceinline__ void emit(int, double v) {
@@ -396,12 +402,21 @@ struct BlockExec {
     return all;  // same order on every thread: identical values everywhere
   }
 
+  template <class Pred>
+  __device__ __forceinline__ bool any(Pred pred) {
+    int mine = 0;
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s) mine |= (first + s < n && pred(s, first + s + 1)) ? 1 : 0;
+    return __syncthreads_or(mine) != 0;
+  }
+
   __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<BlockExec, false>(*this, N, K, at, at); }
   __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
     weights_by_scan<BlockExec, true>(*this, N, K, at, prev);
   }
-  __device__ __forceinline__ bool tables(const Params& p, int code, int k, TableSet<Vec>& t) {
-    return fill_tables(*this, p, code, k, t);
+  template <class Body>
+  __device__ __forceinline__ bool tables(const Params& p, int code, int k, Body body) {
+    return with_tables(*this, p, code, k, body);
   }
 
   __device__ __forceinline__ void emit(int s, double v) {

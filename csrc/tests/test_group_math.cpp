@@ -27,7 +27,8 @@ void expect_close(double got, double want, double tol, const char* what, int n, 
 struct ScanTablesExec : bk::SerialExec {
   void weights(int N, int K, Vec& at) { bk::weights_by_scan<ScanTablesExec, false>(*this, N, K, at, at); }
   void weights2(int N, int K, Vec& at, Vec& prev) { bk::weights_by_scan<ScanTablesExec, true>(*this, N, K, at, prev); }
-  bool tables(const bk::Params& p, int code, int k, bk::TableSet<Vec>& t) { return bk::fill_tables(*this, p, code, k, t); }
+  template <class Body>
+  bool tables(const bk::Params& p, int code, int k, Body body) { return bk::with_tables(*this, p, code, k, body); }
 };
 
 // Run one estimator on one group (any order); values back in the original order, natural scale.

@@ -51,15 +51,15 @@ BK_HD double div_refine(double a, double b, double r0) {
 // Host-testable with an emulated estimator.
 template <class Rcp>
 BK_HD double div_with_estimate(double a, double b, Rcp rcp) {
+  double r0 = rcp(b);
   const double m = ::fabs(b);
-  if (m != 0.0 && m < 0x1p-1000) {
-    a *= 0x1p600;
-    b *= 0x1p600;
-  } else if (m > 0x1p1000 && m < BK_INF) {
-    a *= 0x1p-600;
-    b *= 0x1p-600;
+  if (!(m >= 0x1p-1000 && m <= 0x1p1000) && m != 0.0 && m < BK_INF) {  // rare: rescale
+    const double s = m < 1.0 ? 0x1p600 : 0x1p-600;
+    a *= s;
+    b *= s;
+    r0 = rcp(b);
   }
-  return div_refine(a, b, rcp(b));
+  return div_refine(a, b, r0);
 }
 
 // a / b in the per-element paths. On the GPU, IEEE double division is an out-of-line ptxas
@@ -72,6 +72,19 @@ BK_HD double bk_div(double a, double b) {
     asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(x));
     return r0;
   });
+#else
+  return a / b;
+#endif
+}
+
+// a / b for a denominator known to lie in [2^-1000, 2^1000] or to be 0 (a count such as n or j - 1,
+// a power-of-two scale, a value rescaled by pow2_scale): the estimate needs no rescaling, so the
+// per-element paths stay lean (bk_div's rescaling there costs registers in the largest kernels).
+BK_HD double bk_div_moderate(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  double r0;
+  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(b));
+  return div_refine(a, b, r0);
 #else
   return a / b;
 #endif
@@ -182,7 +195,7 @@ BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
   double a = natural;
   const bool mean_natural = natural_scale_is_mean(p.code);
   if (p.mean_scale && !mean_natural) a = a * n;
-  else if (!p.mean_scale && mean_natural) a = bk_div(a, double(n < 1 ? 1 : n));
+  else if (!p.mean_scale && mean_natural) a = bk_div_moderate(a, double(n < 1 ? 1 : n));
   if (zero) a = 0.0;
   if (a < p.clip_lo) a = p.clip_lo;
   if (a > p.clip_hi) a = p.clip_hi;
@@ -236,7 +249,7 @@ BK_UNROLL
 
 // Downward ratio recurrence factor of spec 0.1: d_{t-1} = d_t * (t-K)/(t-1), for 2 <= t <= N.
 BK_HD double table_factor(int t, int N, int K) {
-  return (t >= 2 && t <= N) ? bk_div(double(t - K), double(t - 1)) : 1.0;
+  return (t >= 2 && t <= N) ? bk_div_moderate(double(t - K), double(t - 1)) : 1.0;
 }
 
 // base^e for an integer e >= 0 by repeated squaring (a few ulp; avoids pow's out-of-line call
@@ -252,9 +265,9 @@ BK_HD double ipow(double base, int e) {
 }
 
 // o_j = d_j (k-1)/(j-1), q_j = o_j (k-2)/(j-2): position-local, from the d table (spec 0.1).
-BK_HD double o_from_d(double d, int j, int k) { return j >= 2 ? bk_div(d * double(k - 1), double(j - 1)) : 0.0; }
+BK_HD double o_from_d(double d, int j, int k) { return j >= 2 ? bk_div_moderate(d * double(k - 1), double(j - 1)) : 0.0; }
 BK_HD double q_from_o(double o, int j, int k) {
-  const double q = j >= 3 ? bk_div(o * double(k - 2), double(j - 2)) : 0.0;
+  const double q = j >= 3 ? bk_div_moderate(o * double(k - 2), double(j - 2)) : 0.0;
   return q > 0.0 ? q : 0.0;
 }
 

@@ -14,10 +14,11 @@
 //   scan(reverse, id, op, term, consume)         consume(s, j, op-fold of term over ranks before j
 //                                                (after j when reverse)); term(s, j) -> T
 //   reduce(id, op, term) -> T                    op-fold of term(s, j) over the group, on every lane
+//   any(pred) -> bool                            pred(s, j) holds for some slot, on every lane
 //   weights(N, K, at)                            at[s] = d^(N,K)_j (0 for j > N)
 //   weights2(N, K, at, prev)                     also prev[s] = d^(N,K)_{j-1}
-//   tables(p, code, k, TableSet<Vec>& t) -> bool the weight tables of a linear estimator (below):
-//                                                derived for one k, or read from the call's bank
+//   tables(p, code, k, body) -> bool            body(t) with the weight tables of a linear estimator
+//                                                (below): one k's, or the call's bank block
 //   emit(s, value)                               the final value of slot s (scattered by the executor)
 // Ranks j are 1-based, as in the spec. Lambdas only ever see valid slots (j <= n).
 #pragma once
@@ -31,7 +32,7 @@ namespace bk {
 // [0, 1] for t > K and the factor at t = K is 0, so nothing overflows (spec 0.1).
 template <class Ex, bool kPrev>
 BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename Ex::Vec& prev) {
-  const double top = bk_div(double(K), double(N < 1 ? 1 : N));
+  const double top = bk_div_moderate(double(K), double(N < 1 ? 1 : N));
   ex.scan(true, 1.0, ProdOp(), [&](int, int j) { return table_factor(j, N, K); },
           [&](int s, int j, double excl) {
             const double a = (j <= N && K >= 1) ? top * excl : 0.0;
@@ -69,7 +70,7 @@ BK_HD Centre group_centre(Ex& ex, V& v) {
     shrink = 0x1p-64;
     offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] * shrink - pivot * shrink; });
   }
-  return {shrink, pivot * shrink + bk_div(offset, double(ex.n))};
+  return {shrink, pivot * shrink + bk_div_moderate(offset, double(ex.n))};
 }
 
 // ----------------------------------------------------------------------------- weight tables
@@ -96,34 +97,55 @@ BK_HD bool reads_weight_tables(int code) {
 //   maxk_loo(_c):      A_j = D_j x_j + sum_{t>j} O_t x_t - c (sum_{t<j} B_t x_t + sum_{t>j} Bp_t x_t)
 //   maxk_loo1:         A_j = D_j y_j - c sum_{t<j} B_t y_t + W1 (x_j - mean of the others) / n
 //   maxk_offpolicy:    spec 3.2's O(n) form in D, O, Q
-// For one k they derive from d^(n,k) (D = d, O and Q position-local from it) and d^(n-1,.) (B and
-// Bp, with the factor c); from a bank they are one load each (c = 1), whatever the number of
-// mixture terms.
+// Two kinds, each formula instantiated for both (no per-sample branch between them):
+//   SingleKTables: one k, from d^(n,k) (D = d, O and Q position-local from it) and d^(n-1,.) (B and
+//                  Bp, with the factor c);
+//   BankTables:    a mixture's block of the call's bank, one load each (c = 1), whatever the number
+//                  of mixture terms.
 template <class Vec>
-struct TableSet {
-  Vec d, w, w_prev;     // one k: d^(n,k), and d^(n-1,k') at j and at j - 1
-  const double* block;  // bank: this group size's block (null for one k)
-  int n, k;
-  double c;             // factor of B and Bp (1 with a bank)
-  double w1;            // maxk_loo1: weight of the k = 1 term, (x_j - mean of the others) / n
-  bool has_d;           // one k: false for maxk_loo1 at k = 1 (D = B = 0)
+struct SingleKTables {
+  Vec d, w, w_prev;  // d^(n,k), and d^(n-1,k') at j and at j - 1
+  int k;
+  double c;          // factor of B and Bp
+  double w1;         // maxk_loo1: weight of the k = 1 term, (x_j - mean of the others) / n
+  bool has_d;        // false for maxk_loo1 at k = 1 (D = B = 0)
+
+  // maxk_loo(_c): B and Bp, once D and O are no longer needed (fewer tables live at a time).
+  template <class Ex>
+  BK_HD void load_leave_one_out(Ex& ex) {
+    ex.weights2(ex.n - 1, k, w, w_prev);  // d(n-1, k) at j and at j - 1
+  }
+
+  BK_HD double D(int s, int) { return has_d ? d[s] : 0.0; }
+  BK_HD double O(int s, int j) { return o_from_d(d[s], j, k); }
+  BK_HD double Q(int s, int j) { return q_from_o(o_from_d(d[s], j, k), j, k); }
+  BK_HD double B(int s, int) { return has_d ? w[s] : 0.0; }
+  BK_HD double Bp(int s, int) { return w_prev[s]; }
+};
+
+struct BankTables {
+  const double* block;  // this group size's block: D, O, Q, B, Bp (n each), W1
+  int n;
+  double c;             // 1: the bank's B and Bp carry their factors
+  double w1;
+
+  template <class Ex>
+  BK_HD void load_leave_one_out(Ex&) {}
 
   // Row r of the block at rank j; 0 past the group (executors may evaluate padding slots).
   BK_HD double row(int r, int j) const { return j <= n ? block[r * n + j - 1] : 0.0; }
-  BK_HD double D(int s, int j) { return block ? row(0, j) : (has_d ? d[s] : 0.0); }
-  BK_HD double O(int s, int j) { return block ? row(1, j) : o_from_d(d[s], j, k); }
-  BK_HD double Q(int s, int j) { return block ? row(2, j) : q_from_o(o_from_d(d[s], j, k), j, k); }
-  BK_HD double B(int s, int j) { return block ? row(3, j) : (has_d ? w[s] : 0.0); }
-  BK_HD double Bp(int s, int j) { return block ? row(4, j) : w_prev[s]; }
+  BK_HD double D(int, int j) const { return row(0, j); }
+  BK_HD double O(int, int j) const { return row(1, j); }
+  BK_HD double Q(int, int j) const { return row(2, j); }
+  BK_HD double B(int, int j) const { return row(3, j); }
+  BK_HD double Bp(int, int j) const { return row(4, j); }
 };
 
 // One k's tables through the executor's weights()/weights2().
 template <class Ex, class Vec>
-BK_HD void single_k_tables(Ex& ex, int code, int k, TableSet<Vec>& t) {
+BK_HD void single_k_tables(Ex& ex, int code, int k, SingleKTables<Vec>& t) {
   const int n = ex.n;
   ex.alloc(t.d), ex.alloc(t.w), ex.alloc(t.w_prev);
-  t.block = nullptr;
-  t.n = n;
   t.k = k;
   t.c = 1.0;
   t.w1 = 0.0;
@@ -131,9 +153,8 @@ BK_HD void single_k_tables(Ex& ex, int code, int k, TableSet<Vec>& t) {
   switch (code) {
     case MAXK_LOO:
     case MAXK_LOO_CENTERED:  // maxk_k(x without j) = sum_{t<j} w'_t x_t + sum_{t>j} w'_{t-1} x_t
-      ex.weights(n, k, t.d);
-      ex.weights2(n - 1, k, t.w, t.w_prev);  // w' = d(n-1, k) at j and at j - 1
-      t.c = bk_div(double(k), code == MAXK_LOO ? double(n - 1) : double(n));
+      ex.weights(n, k, t.d);  // w' = d(n-1, k): load_leave_one_out
+      t.c = bk_div_moderate(double(k), code == MAXK_LOO ? double(n - 1) : double(n));
       return;
     case MAXK_LOO1:  // o_{t+1} = (k/n) d^(n-1,k-1)_t; k = 1 is the RLOO term alone
       if (k == 1) {
@@ -143,7 +164,7 @@ BK_HD void single_k_tables(Ex& ex, int code, int k, TableSet<Vec>& t) {
       }
       ex.weights(n, k, t.d);
       ex.weights(n - 1, k - 1, t.w);
-      t.c = bk_div(double(k), double(n));
+      t.c = bk_div_moderate(double(k), double(n));
       return;
     default:
       ex.weights(n, k, t.d);
@@ -151,30 +172,29 @@ BK_HD void single_k_tables(Ex& ex, int code, int k, TableSet<Vec>& t) {
   }
 }
 
-// The executors' tables(): the bank's block for this group size when the call has a bank, else
-// one k's tables. False when the bank has no (well-formed) block for this size.
-template <class Ex, class Vec>
-BK_HD bool fill_tables(Ex& ex, const Params& p, int code, int k, TableSet<Vec>& t) {
+// The executors' tables(): runs body(t) with the bank's block for this group size when the call
+// has a bank (BankTables), else with one k's tables (SingleKTables). False, without running body,
+// when the bank has no well-formed block for this size.
+template <class Ex, class Body>
+BK_HD bool with_tables(Ex& ex, const Params& p, int code, int k, Body body) {
   if (p.bank == nullptr) {
+    SingleKTables<typename Ex::Vec> t;
     single_k_tables(ex, code, k, t);
+    body(t);
     return true;
   }
   const int n = ex.n;
   if (int64_t(n) >= p.bank_index_len) return false;
   const int64_t b = p.bank_index[n];
   if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return false;
-  t.block = p.bank + b;
-  t.n = n;
-  t.k = k;
-  t.c = 1.0;
-  t.w1 = t.block[5 * n];
-  t.has_d = true;
+  BankTables t{p.bank + b, n, 1.0, p.bank[b + 5 * int64_t(n)]};
+  body(t);
   return true;
 }
 
 // PKPO s_j = D_j x_j + sum_{t>j} O_t x_t (spec 2.2); calls out(s, s_j).
-template <class Ex, class Vec, class Out>
-BK_HD void maxk_values(Ex& ex, TableSet<Vec>& t, Vec& x, Out out) {
+template <class Ex, class Tables, class Vec, class Out>
+BK_HD void maxk_values(Ex& ex, Tables& t, Vec& x, Out out) {
   ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return t.O(s, j) * x[s]; },
           [&](int s, int j, double suffix) { out(s, t.D(s, j) * x[s] + suffix); });
 }
@@ -192,11 +212,15 @@ BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emi
     const double t = c.residue(v[s]) * r.shrink;
     return t * t;
   });
-  const double sd = bk_sqrt(bk_div(ss, double(n - 1 < 1 ? 1 : n - 1))) * r.grow;  // times c.shrink
+  const double sd_r = bk_sqrt(bk_div_moderate(ss, double(n - 1 < 1 ? 1 : n - 1)));  // std * c.shrink * r.shrink
   const double scale = rtol > 0.0 ? ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); }) : 0.0;
-  const bool constant = n < 2 || sd <= rtol * scale * c.shrink;
-  const double denom = sd + eps * c.shrink;
-  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div(c.residue(v[s]), denom)); });
+  const bool constant = n < 2 || sd_r * r.grow <= rtol * scale * c.shrink;
+  // Numerator and denominator both carry c.shrink * r.shrink: the residues are at most 4 and the
+  // std is at least ~1/n there, so one moderate division per sample suffices. An eps term above
+  // 2^1000 (values below ~2^-998 either way) is capped to keep the estimate in range.
+  const double eps_r = eps * c.shrink * r.shrink;
+  const double denom = sd_r + (eps_r < 0x1p1000 ? eps_r : 0x1p1000);
+  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div_moderate(c.residue(v[s]) * r.shrink, denom)); });
 }
 
 // One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
@@ -209,12 +233,12 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
   const int n = ex.n;
   if (n <= 0) return;
   // A NaN or +-inf reward (or delta, off-policy) makes every value of the group NaN (the contract
-  // with input checks off): x * 0 is +-0 for a finite x and NaN otherwise.
+  // with input checks off).
   const bool with_deltas = needs_deltas(p.code);
-  const double probe = ex.reduce(0.0, SumOp(), [&](int s, int) {
-    return x[s] * 0.0 + (with_deltas ? delta[s] * 0.0 : 0.0);
+  const bool non_finite = ex.any([&](int s, int) {
+    return !(::fabs(x[s]) < BK_INF) || (with_deltas && !(::fabs(delta[s]) < BK_INF));
   });
-  if (!(probe == 0.0)) {
+  if (non_finite) {
     ex.for_each([&](int s, int) { ex.emit(s, BK_NAN); });
     return;
   }
@@ -234,64 +258,66 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
   switch (p.code) {
     case MAXK:
     case PASSK: {  // passk: maxk on {0, 1} rewards (spec 2.1)
-      TableSet<Vec> t;
-      if (!ex.tables(p, p.code, k, t)) return fill_nan();
-      maxk_values(ex, t, x, emit);
+      if (!ex.tables(p, p.code, k, [&](auto& t) { maxk_values(ex, t, x, emit); })) fill_nan();
       return;
     }
     case MAXK_LOO:
     case MAXK_LOO_CENTERED: {  // s_j - c * maxk_k(x without j), spec 2.3 (k <= n - 1, so n >= 2)
-      TableSet<Vec> t;
-      if (!ex.tables(p, p.code, k, t)) return fill_nan();
-      Vec s_val, pre;
-      ex.alloc(s_val), ex.alloc(pre);
-      maxk_values(ex, t, x, [&](int s, double v) { s_val[s] = v; });
-      ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * x[s]; },
-              [&](int s, int, double prefix) { pre[s] = prefix; });
-      ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return t.Bp(s, j) * x[s]; },
-              [&](int s, int, double suffix) { emit(s, s_val[s] - t.c * (pre[s] + suffix)); });
+      Vec a;  // s_j, then minus the prefix part (one Vec: the block kernels are short of registers)
+      ex.alloc(a);
+      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
+        maxk_values(ex, t, x, [&](int s, double v) { a[s] = v; });
+        t.load_leave_one_out(ex);
+        ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * x[s]; },
+                [&](int s, int, double prefix) { a[s] -= t.c * prefix; });
+        ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return t.Bp(s, j) * x[s]; },
+                [&](int s, int, double suffix) { emit(s, a[s] - t.c * suffix); });
+      });
+      if (!ok) fill_nan();
       return;
     }
     case MAXK_LOO1: {  // spec 2.4: D_j y_j - c sum_{t<j} B_t y_t with y = x - x_(1), plus the k = 1 term
-      TableSet<Vec> t;
-      if (!ex.tables(p, p.code, k, t)) return fill_nan();
       const double lo = ex.reduce(BK_INF, MinOp(), [&](int s, int) { return x[s]; });
-      const double w1 = t.w1;
-      const double total = w1 != 0.0 ? ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) : 0.0;
-      ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * (x[s] - lo); },
-              [&](int s, int j, double prefix) {
-                double a = t.D(s, j) * (x[s] - lo) - t.c * prefix;
-                if (w1 != 0.0 && n > 1) {  // (x_j - mean of the others) / n; 0 for a singleton
-                  const double others = bk_div(total - x[s], double(n - 1));
-                  a += w1 * bk_div(x[s] - others, nd);
-                }
-                emit(s, a);
-              });
+      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
+        const double w1 = t.w1;
+        const double total = w1 != 0.0 ? ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) : 0.0;
+        ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * (x[s] - lo); },
+                [&](int s, int j, double prefix) {
+                  double a = t.D(s, j) * (x[s] - lo) - t.c * prefix;
+                  if (w1 != 0.0 && n > 1) {  // (x_j - mean of the others) / n; 0 for a singleton
+                    const double others = bk_div_moderate(total - x[s], double(n - 1));
+                    a += w1 * bk_div_moderate(x[s] - others, nd);
+                  }
+                  emit(s, a);
+                });
+      });
+      if (!ok) fill_nan();
       return;
     }
     case MAXK_OFFPOLICY: {  // spec 3.2, O(n) form after the sort
-      TableSet<Vec> t;
-      if (!ex.tables(p, p.code, k, t)) return fill_nan();
       Vec dsum;
       ex.alloc(dsum);
       ex.scan(false, 0.0, SumOp(), [&](int s, int) { return delta[s]; },
               [&](int s, int, double prefix) { dsum[s] = prefix; });  // sum_{l<j} delta_l
-      ex.scan(
-          true, dvec_zero<4>(), SumOp(),
-          [&](int s, int j) {
-            const double o = t.O(s, j), q = t.Q(s, j);
-            DVec<4> v;
-            v.v[0] = o * x[s];              // S1
-            v.v[1] = o * delta[s] * x[s];   // S2
-            v.v[2] = q * dsum[s] * x[s];    // S3
-            v.v[3] = q * x[s];              // S4
-            return v;
-          },
-          [&](int s, int j, const DVec<4>& S) {
-            const double a = (1.0 + delta[s]) * (t.D(s, j) * x[s] + S.v[0]) + t.O(s, j) * dsum[s] * x[s] + S.v[1] +
-                             S.v[2] - delta[s] * S.v[3];
-            emit(s, a);
-          });
+      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
+        ex.scan(
+            true, dvec_zero<4>(), SumOp(),
+            [&](int s, int j) {
+              const double o = t.O(s, j), q = t.Q(s, j);
+              DVec<4> v;
+              v.v[0] = o * x[s];              // S1
+              v.v[1] = o * delta[s] * x[s];   // S2
+              v.v[2] = q * dsum[s] * x[s];    // S3
+              v.v[3] = q * x[s];              // S4
+              return v;
+            },
+            [&](int s, int j, const DVec<4>& S) {
+              const double a = (1.0 + delta[s]) * (t.D(s, j) * x[s] + S.v[0]) + t.O(s, j) * dsum[s] * x[s] + S.v[1] +
+                               S.v[2] - delta[s] * S.v[3];
+              emit(s, a);
+            });
+      });
+      if (!ok) fill_nan();
       return;
     }
     case TANG_LOO: {  // the top sorted position gets x_(n) - x_(n-1)
@@ -303,7 +329,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case BON_MAX_MEAN: {
       const Centre c = group_centre(ex, x);
       const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
-      ex.for_each([&](int s, int) { emit(s, x[s] == top ? bk_div(c.residue(x[s]), c.shrink) : 0.0); });
+      ex.for_each([&](int s, int) { emit(s, x[s] == top ? bk_div_moderate(c.residue(x[s]), c.shrink) : 0.0); });
       return;
     }
     case BON_MAX_SECOND: {
@@ -314,7 +340,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case BON_MEAN: {  // z-score of s (spec 3.3), with the constant-group guard
-      TableSet<Vec> t;
+      SingleKTables<Vec> t;
       single_k_tables(ex, MAXK, k, t);
       Vec s_val;
       ex.alloc(s_val);
@@ -338,10 +364,8 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       const double var = (1.0 - miss_k) * miss_k;
       const double sigma = bk_sqrt(var > 0.0 ? var : 0.0);
       const bool degenerate = n_wrong == nd || n_wrong < double(k);  // R is exactly 0 or 1
-      ex.for_each([&](int s, int) {
-        const double value = bk_div(x[s] == 1.0 ? miss_k : miss_k - miss_rest, sigma + p.eps);
-        emit(s, degenerate ? 0.0 : value);
-      });
+      const double positive = bk_div(miss_k, sigma + p.eps), negative = bk_div(miss_k - miss_rest, sigma + p.eps);
+      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : (x[s] == 1.0 ? positive : negative)); });
       return;
     }
     case BON_RLB:
@@ -351,7 +375,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       ex.weights(n, k, d);
       const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
       const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      const double pf = bk_div(nd - c, nd);  // plug-in failure probability
+      const double pf = bk_div_moderate(nd - c, nd);  // plug-in failure probability
       const double kd = double(k);
       const double p_km1 = ipow(pf, k - 1);
       const double one_minus_pk = -::expm1(kd * ::log(pf));  // 1 - p^k, accurate near p = 1
@@ -365,8 +389,8 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
         w_plus = bk_div(kd * p_km1, geometric);
         w_minus = 0.0;
       }
-      const double correct = bk_div(w_plus * R, c > 1.0 ? c : 1.0);
-      const double wrong = bk_div(w_minus * (1.0 - R), (nd - c) > 1.0 ? (nd - c) : 1.0);
+      const double correct = bk_div_moderate(w_plus * R, c > 1.0 ? c : 1.0);
+      const double wrong = bk_div_moderate(w_minus * (1.0 - R), (nd - c) > 1.0 ? (nd - c) : 1.0);
       ex.for_each([&](int s, int) { emit(s, (x[s] == 1.0 ? correct : wrong) * nd); });
       return;
     }
@@ -375,18 +399,20 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     case RLOO: {  // x - mean of the others = (x - mean) n / (n - 1) (mean scale); 0 for a singleton
       const Centre c = group_centre(ex, x);
-      const double factor = bk_div(nd, double(n - 1 < 1 ? 1 : n - 1) * c.shrink);
+      const double factor = bk_div_moderate(nd, double(n - 1 < 1 ? 1 : n - 1) * c.shrink);
       ex.for_each([&](int s, int) { emit(s, n > 1 ? c.residue(x[s]) * factor : 0.0); });
       return;
     }
     case DR_GRPO: {
       const Centre c = group_centre(ex, x);
-      ex.for_each([&](int s, int) { emit(s, bk_div(c.residue(x[s]), c.shrink)); });
+      ex.for_each([&](int s, int) { emit(s, bk_div_moderate(c.residue(x[s]), c.shrink)); });
       return;
     }
     case MAXRL: {  // (x - mean) / mean, 0 for every sample when the mean is 0 (spec 12)
       const Centre c = group_centre(ex, x);  // both terms carry the same shrink
-      ex.for_each([&](int s, int) { emit(s, c.mean == 0.0 ? 0.0 : bk_div(c.residue(x[s]), c.mean)); });
+      const Pow2Scale m = pow2_scale(::fabs(c.mean));  // mean * m.shrink in [1, 4): a moderate division
+      const double mean_m = c.mean * m.shrink;
+      ex.for_each([&](int s, int) { emit(s, c.mean == 0.0 ? 0.0 : bk_div_moderate(c.residue(x[s]) * m.shrink, mean_m)); });
       return;
     }
     default:

@@ -202,6 +202,13 @@ class SerialExec {
     return run;
   }
 
+  template <class Pred>
+  bool any(Pred pred) {
+    for (int s = 0; s < n; ++s)
+      if (pred(s, s + 1)) return true;
+    return false;
+  }
+
   // d^(N,K) at each rank j = 1..n (and at j - 1 into prev): views into a per-thread cache of
   // tables (no copy; group_math only reads them). N >= n - 1 in every use, so t[j] exists.
   void weights(int N, int K, Vec& at) { at.p = table(N, K) + 1; }
@@ -211,9 +218,9 @@ class SerialExec {
   }
 
   // A linear estimator's tables: the call's bank block, or one k's tables from the cache above.
-  template <class V>
-  bool tables(const Params& p, int code, int k, TableSet<V>& t) {
-    return fill_tables(*this, p, code, k, t);
+  template <class Body>
+  bool tables(const Params& p, int code, int k, Body body) {
+    return with_tables(*this, p, code, k, body);
   }
 
   // Final values in sorted order; the caller scatters them back.
