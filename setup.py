@@ -6,10 +6,13 @@
   nvcc and links them with libcudart (this works even against a CPU-only torch).
 * ``BONKERNELS_SKIP_CUDA=1`` builds the CPU kernels only; ``BONKERNELS_SKIP_EXT=1`` builds no
   extension at all (``import bonkernels`` works without it: the torch/triton backends remain).
-* ``BONKERNELS_BARE_NVCC=1`` (with FORCE) takes the bare-nvcc route even with a CUDA torch (kernels
-  then run on the legacy default stream of the current device);
-* ``BONKERNELS_CUDA_ARCHS`` (default "80;90") picks the architectures of the bare nvcc build;
-  the CUDAExtension build follows ``TORCH_CUDA_ARCH_LIST`` as usual.
+* ``BONKERNELS_BARE_NVCC=1`` (with FORCE) takes the bare-nvcc route even with a CUDA torch. Both
+  routes launch on torch's current stream under a device guard (csrc/bindings.cpp resolves the
+  stream through c10's device-generic interface, so no c10 CUDA header is needed);
+  ``torch.ops.bonkernels.build_info()`` bit 1 tells the routes apart at run time;
+* ``BONKERNELS_CUDA_ARCHS`` (default "80;90") picks the architectures of the bare nvcc build: a
+  cubin for each and PTX of the newest (``nvcc_gencode_flags``); the CUDAExtension build follows
+  ``TORCH_CUDA_ARCH_LIST`` as usual (add "+PTX" to its last entry for PTX).
 
 setup.py imports torch, so install with ``pip install --no-build-isolation -e .``.
 """
@@ -117,6 +120,17 @@ def extensions():
     return [ext], {"build_ext": cpp_extension.BuildExtension}
 
 
+def nvcc_gencode_flags(archs):
+    """nvcc -gencode flags: a cubin per architecture, plus PTX of the newest one, so a GPU newer than
+    the list still finds a kernel image (the driver JIT-compiles the PTX). "80;90" -> sm_80, sm_90
+    cubins and compute_90 PTX."""
+    archs = sorted({a.strip() for a in archs.replace(",", ";").split(";") if a.strip()}, key=int)
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    if archs:
+        flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+    return flags
+
+
 def bare_nvcc_build_ext(base):
     """build_ext that first compiles the torch-free .cu files with nvcc into extra objects."""
 
@@ -125,8 +139,7 @@ def bare_nvcc_build_ext(base):
             cu = getattr(ext, "bk_cu_sources", [])
             if cu:
                 nvcc = os.path.join(ext.bk_cuda_home, "bin", "nvcc")
-                archs = os.environ.get("BONKERNELS_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
-                gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a.strip()]
+                gencode = nvcc_gencode_flags(os.environ.get("BONKERNELS_CUDA_ARCHS", "80;90"))
                 os.makedirs(self.build_temp, exist_ok=True)
                 for src in cu:
                     obj = os.path.join(self.build_temp, os.path.basename(src) + ".o")

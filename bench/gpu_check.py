@@ -1,49 +1,81 @@
-"""One-shot GPU check of the native CUDA kernels: build, verify against the reference, time.
+"""One-shot GPU check: build the extension, check every GPU path against float64 references, time.
 
-    python bench/gpu_check.py                  # on the GPU machine: build in place, check, time (< 6 min)
-    python bench/gpu_check.py --device cpu     # the same checks and timing code on the CPU backend
-    python bench/gpu_check.py --dry-run        # --device cpu with tiny sizes (what CI can run)
+    python bench/gpu_check.py --out DIR            # the GPU machine: build + every check (< 6 min, H200)
+    python bench/gpu_check.py --device cpu --out DIR   # the same checks and sizes on the CPU kernel (no build)
+    python bench/gpu_check.py --dry-run --out DIR  # --device cpu, tiny sizes, Triton under its interpreter (CI)
 
-Steps (each guarded: a failure is printed and counted, the rest still runs):
-1. build: ``setup.py build_ext --inplace`` with the CUDA kernels forced on (BONKERNELS_FORCE_CUDA=1,
-   TORCH_CUDA_ARCH_LIST from the device, CUDA_HOME resolved from nvcc), so ``bonkernels._C`` in
-   the repository has the CUDA kernels for the later benchmark run;
-2. correctness, in a fresh interpreter: every native estimator, n in {1, 2, 3, 8, 16, 31, 32, 33,
-   64, 100, 256, 1024, 4096} and ragged batches (empty groups included), float64/float32 (and
-   float16/bfloat16 on a subset), with and without the max_group_size hint, outputs poisoned with
-   NaN before each run, every call followed by a synchronize so CUDA errors surface where they
-   happen; the Triton backend (``bonkernels.triton.advantages_packed``) side by side when importable;
-3. timing with CUDA events (warm-up, median of repeats) against a plain copy of the same bytes, and
-   a table. The exit status is 0 only when the build and every native check passed.
+Exit status 0 only when every check passed and none was left out for time; the log
+(DIR/gpu_check.log) and a JSON summary (DIR/summary.json: route, per-section pass/fail/skip counts,
+every failure message) are written either way.
+
+What runs (each section in a fresh interpreter, so one crashed CUDA context loses one section):
+* build: ``setup.py build_ext --inplace`` by the torch-CUDA route (torch's CUDAExtension) for the
+  visible GPU's architecture; a failed build FAILS the check (no silent fallback), and the section
+  asserts ``torch.ops.bonkernels.build_info()`` reports that route. ``--route bare-nvcc`` checks the
+  bare-nvcc build instead. The bare route is also built into a scratch package and its stream and
+  graph sections run, when time allows (logged either way).
+* kernels: every native estimator through every CUDA kernel variant (group sizes in each bucket:
+  <=8, <=16, <=32, <=256, (256, 512], (512, 1024], (1024, 2048], (2048, 4096], launched at each
+  bucket's bound and without a hint), float64/float32 (float16/bfloat16 on a subset), both scales,
+  finite clips, eps=0, small_groups zero/clamp; outputs poisoned, with guard zones around them.
+* triton: every Triton block size (8 .. 4096) and dtype, the same comparisons.
+* adversarial-native / adversarial-triton (checks off): the NaN contract (a group with a NaN/inf
+  reward or delta is NaN everywhere, the others exact), malformed offsets (negative, decreasing,
+  past the end) and an undersized max_group_size: nothing written outside the output (guard
+  zones), no CUDA error, oversize groups NaN-filled.
+* streams: rewards produced on a side stream (behind a sleep) and the op called inside
+  ``torch.cuda.stream(s)``; tensors on cuda:1 while cuda:0 is current (when there are 2 GPUs).
+* graphs: CUDA-graph capture with the size hint (native, triton, public API), replayed on new
+  inputs; and zero host syncs with checks off (``torch.cuda.set_sync_debug_mode("error")``).
+* api: ``bk.advantages`` / ``pass_at_k`` / ``max_at_k`` on CUDA tensors for every layout and
+  backend; mixtures (``k_weights``, when the API has it) and ``maxrl`` (when registered).
+* policy_loss: the Triton policy-loss kernel, forward and backward, against the reference.
+* sanitizer: ``compute-sanitizer`` memcheck, racecheck and synccheck on small inputs of every
+  CUDA kernel variant (NaN groups and malformed offsets included); skipped with a logged reason
+  when the tool is absent.
+* timing: a short table against a plain copy of the same bytes (informational).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIZES = (1, 2, 3, 8, 16, 31, 32, 33, 64, 100, 256, 1024, 4096)
-RAGGED = (1, 0, 2, 3, 8, 16, 31, 32, 33, 64, 100, 256, 1024, 4096, 7, 0, 5)
 START = time.monotonic()
+LOG_FILE = None
+
+# Bound of each CUDA kernel variant (csrc/cuda/advantages.cu) and group sizes inside its bucket.
+CUDA_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 31, 32)), (256, (33, 100, 256)),
+                (512, (257, 300, 512)), (1024, (513, 700, 1024)), (2048, (1025, 1500, 2048)),
+                (4096, (2049, 4096)))
+QUICK_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 32)), (256, (33, 100)), (512, (257, 300)))
+SECTIONS = ("kernels", "triton", "adversarial-native", "adversarial-triton", "streams", "graphs", "api",
+            "policy_loss")
 
 
 def log(msg: str = "") -> None:
     print(msg, flush=True)
+    if LOG_FILE is not None:
+        LOG_FILE.write(msg + "\n")
+        LOG_FILE.flush()
 
 
 def elapsed() -> float:
     return time.monotonic() - START
 
 
-# ----------------------------------------------------------------------------- 1. build
+# ============================================================================= build (parent)
 
 def resolve_cuda_home() -> str | None:
     for cand in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
@@ -55,8 +87,7 @@ def resolve_cuda_home() -> str | None:
         if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
             return home
         try:  # wrapper scripts (e.g. `exec /usr/local/cuda-13.0/bin/nvcc "$@"`)
-            text = open(nvcc, errors="replace").read(4096)
-            for token in text.split():
+            for token in open(nvcc, errors="replace").read(4096).split():
                 if token.endswith("/bin/nvcc") and os.path.exists(token):
                     return os.path.dirname(os.path.dirname(token))
         except OSError:
@@ -67,7 +98,8 @@ def resolve_cuda_home() -> str | None:
     return None
 
 
-def build(timeout_s: float) -> bool:
+def build(route: str, timeout_s: float, build_lib: str | None = None) -> bool:
+    """Build by `route` ("torch-cuda" or "bare-nvcc"); in place, or into build_lib."""
     import torch
     env = dict(os.environ)
     cuda_home = resolve_cuda_home()
@@ -78,17 +110,25 @@ def build(timeout_s: float) -> bool:
         major, minor = torch.cuda.get_device_capability()
         env["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
-    if "BONKERNELS_CUDA_ARCHS" not in env and "TORCH_CUDA_ARCH_LIST" in env:  # the bare-nvcc route
+    if "BONKERNELS_CUDA_ARCHS" not in env and "TORCH_CUDA_ARCH_LIST" in env:
         env["BONKERNELS_CUDA_ARCHS"] = env["TORCH_CUDA_ARCH_LIST"].replace(".", "").replace("a", "").split(";")[0]
     env["BONKERNELS_FORCE_CUDA"] = "1"
     env.pop("BONKERNELS_SKIP_CUDA", None)
     env.pop("BONKERNELS_SKIP_EXT", None)
-    log(f"[build] CUDA_HOME={cuda_home} TORCH_CUDA_ARCH_LIST={env.get('TORCH_CUDA_ARCH_LIST')} "
-        f"torch={torch.__version__} cuda={torch.version.cuda}")
+    if route == "bare-nvcc":
+        env["BONKERNELS_BARE_NVCC"] = "1"
+    else:
+        env.pop("BONKERNELS_BARE_NVCC", None)
+    cmd = [sys.executable, "setup.py", "build_ext"]
+    if build_lib:
+        cmd += ["--build-lib", build_lib, "--build-temp", os.path.join(build_lib, "temp")]
+    else:
+        cmd += ["--inplace"]
+    log(f"[build] route {route}: CUDA_HOME={cuda_home} TORCH_CUDA_ARCH_LIST={env.get('TORCH_CUDA_ARCH_LIST')} "
+        f"torch={torch.__version__} cuda={torch.version.cuda}{' -> ' + build_lib if build_lib else ''}")
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         log(f"[build] FAILED: timed out after {timeout_s:.0f} s")
         return False
@@ -103,183 +143,717 @@ def build(timeout_s: float) -> bool:
     return True
 
 
-# ----------------------------------------------------------------------------- 2. correctness
+# ============================================================================= checks (children)
 
-class Checker:
-    def __init__(self, device: str, quick: bool):
+def maxrl_reference(values, offsets, clip_lo, clip_hi, mean_scale=True):
+    """maxrl in float64 where bonkernels.reference lacks it (spec 12): (x_i - m) / m per group, m the
+    mean taken around the group's first sample, 0 when m == 0 (natural scale: mean)."""
+    import torch
+    out = torch.zeros_like(values)
+    for g in range(offsets.numel() - 1):
+        x = values[int(offsets[g]):int(offsets[g + 1])]
+        if x.numel() == 0:
+            continue
+        m = x[0] + (x - x[0]).mean()
+        a = torch.zeros_like(x) if m == 0 or x.numel() == 1 else (x - m) / m
+        if not mean_scale:
+            a = a / x.numel()
+        out[int(offsets[g]):int(offsets[g + 1])] = a.clamp(clip_lo, clip_hi)
+    return out
+
+
+class Report:
+    """Pass/fail/skip counts and messages per section."""
+
+    def __init__(self, json_path=None):
+        self.sections: dict[str, dict] = {}
+        self.json_path = json_path
+        self.count = 0
+
+    def flush(self):
+        """Written as it goes, so a child stopped at the deadline still reports what it checked."""
+        if self.json_path:
+            with open(self.json_path + ".tmp", "w") as f:
+                json.dump(self.sections, f, indent=1, default=str)
+            os.replace(self.json_path + ".tmp", self.json_path)
+
+    def _s(self, section):
+        return self.sections.setdefault(section, {"passed": 0, "failed": [], "skipped": []})
+
+    def ok(self, section):
+        self._s(section)["passed"] += 1
+
+    def fail(self, section, msg):
+        self._s(section)["failed"].append(msg)
+        log(f"  FAIL [{section}] {msg}")
+
+    def skip(self, section, reason):
+        self._s(section)["skipped"].append(reason)
+        log(f"  SKIP [{section}] {reason}")
+
+    def check(self, section, label, problem):
+        if problem:
+            self.fail(section, f"{label}: {problem}")
+        else:
+            self.ok(section)
+        self.count += 1
+        if self.count % 25 == 0:
+            self.flush()
+
+
+class Ctx:
+    """Shared state of a child: the device, generators, the backends."""
+
+    def __init__(self, device: str, quick: bool, report: Report, budget_s: float = 1e9):
         import torch
+        import bonkernels as bk
         from bonkernels import _native, estimators, reference
-        self.torch, self.native, self.estimators, self.reference = torch, _native, estimators, reference
+        self.torch, self.bk, self.native, self.estimators, self.reference = torch, bk, _native, estimators, reference
         self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.quick = quick
-        self.failures: list[str] = []
-        self.passed = 0
+        self.report = report
+        self.stop_at = time.monotonic() + budget_s
+        self.gen = torch.Generator().manual_seed(int(time.time()) % 100000)  # fresh inputs every run
+        log(f"[inputs] seed {self.gen.initial_seed()}")
+        self.natives = [e for e in estimators.REGISTRY.values() if e.code not in _native.UNSUPPORTED_CODES]
         self.triton = None
-        self.triton_failures: list[str] = []
-        self.triton_passed = 0
-        self.gen = torch.Generator(device="cpu").manual_seed(2026)
-        self.triton_pass = False
-        self.incomplete = ""
+        try:
+            from bonkernels import triton as bk_triton
+            if bk_triton.available() and (self.cuda or bk_triton.interpreting()):
+                self.triton = bk_triton.advantages_packed
+                from bonkernels.triton import _config
+                self.triton_blocks = _config.all_blocks()
+        except Exception as error:  # reported by the triton section
+            self.triton_error = repr(error)
 
     def sync(self):
-        if self.device.type == "cuda":
+        if self.cuda:
             self.torch.cuda.synchronize()
 
-    def batch(self, sizes, est, dtype, tied=False):
+    def out_of_time(self, section, label) -> bool:
+        """True (and a recorded failure, once per section) when the child's budget is spent."""
+        if time.monotonic() < self.stop_at:
+            return False
+        s = self.report._s(section)
+        if not s.get("out_of_time"):
+            s["out_of_time"] = True
+            self.report.fail(section, f"out of time: not run from {label} on")
+        return True
+
+    # ------------------------------------------------------------------ inputs and references
+
+    def rewards(self, N, est, dtype):
         torch = self.torch
-        offsets = torch.tensor([0] + list(sizes), dtype=torch.int64).cumsum(0)
-        N = int(offsets[-1])
         if est.binary:
-            v = (torch.rand(N, generator=self.gen, dtype=torch.float64) < 0.35).double()
-        elif tied:
+            v = (torch.rand(N, generator=self.gen, dtype=torch.float64) < 0.4).double()
+        elif est.name == "maxrl":  # rewards >= 0
+            v = torch.rand(N, generator=self.gen, dtype=torch.float64) * 2
+        elif torch.rand(1, generator=self.gen).item() < 0.25:  # ties
             v = torch.randint(0, 4, (N,), generator=self.gen).double() / 4
         else:
             v = torch.randn(N, generator=self.gen, dtype=torch.float64)
-        d = None
+        return v.to(dtype)
+
+    def batch(self, sizes, est, dtype):
+        torch = self.torch
+        offsets = torch.tensor([0] + list(sizes), dtype=torch.int64).cumsum(0)
+        N = int(offsets[-1])
+        values = self.rewards(N, est, dtype)
+        deltas = None
         if est.needs_deltas:
-            d = ((torch.rand(N, generator=self.gen, dtype=torch.float64) - 0.5) * 0.6).to(dtype).to(self.device)
-        return v.to(dtype).to(self.device), offsets.to(self.device), d
+            deltas = ((torch.rand(N, generator=self.gen, dtype=torch.float64) - 0.5) * 0.6).to(dtype)
+        return values, offsets, deltas
+
+    def want(self, args):
+        """float64 reference on the CPU from the (dtype-rounded) inputs, rounded to the output dtype."""
+        values, offsets, deltas = args[0], args[1], args[2]
+        dtype = values.dtype
+        cpu = lambda t: None if t is None else t.detach().to("cpu", self.torch.float64)  # noqa: E731
+        rest = list(args[3:11])  # no size hint: the reference needs none
+        if args[4] == getattr(self.estimators.REGISTRY.get("maxrl"), "code", None) and not self.reference_has_maxrl():
+            w = maxrl_reference(cpu(values), cpu(offsets).long(), rest[3], rest[4], rest[5])
+        else:
+            w = self.reference.advantages_packed(cpu(values), cpu(offsets).long(), cpu(deltas), *rest, None)
+        return w.to(dtype).double()
+
+    def reference_has_maxrl(self):
+        torch = self.torch
+        try:
+            self.reference.advantages_packed(torch.ones(2, dtype=torch.float64), torch.tensor([0, 2]), None, 1,
+                                             self.estimators.get("maxrl").code, None, -math.inf, math.inf, True, 2,
+                                             1e-6, None)
+            return True
+        except ValueError:
+            return False
 
     def compare(self, got, want, dtype) -> str | None:
         torch = self.torch
-        if got.shape != want.shape or got.dtype != want.dtype:
-            return f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}"
-        g, w = got.double().cpu(), want.double().cpu()
-        if torch.isnan(g).any() and not torch.equal(torch.isnan(g), torch.isnan(w)):
-            return f"{int(torch.isnan(g).sum())} NaN outputs (unwritten or poisoned)"
+        if got.shape != want.shape:
+            return f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
+        g, w = got.detach().double().cpu(), want.double().cpu()
+        if not torch.equal(torch.isnan(g), torch.isnan(w)):
+            bad = int((torch.isnan(g) != torch.isnan(w)).sum())
+            return f"{bad} outputs NaN where the reference is not (or the reverse): unwritten or poisoned"
         fin = torch.isfinite(w)
-        if not torch.equal(torch.isfinite(g), fin) or not torch.equal(g[~fin], w[~fin]):
+        if not torch.equal(torch.isfinite(g), fin) or not torch.equal(g[~fin & ~torch.isnan(w)],
+                                                                         w[~fin & ~torch.isnan(w)]):
             return "non-finite outputs differ"
         if not fin.any():
             return None
-        rel = {torch.float64: 1e-10, torch.float32: 2 ** -23, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[dtype]
+        rel = {torch.float64: 1e-10, torch.float32: 2 ** -22, torch.float16: 2 ** -9, torch.bfloat16: 2 ** -6}[dtype]
         scale = max(1.0, float(w[fin].abs().max()))
         err = (g[fin] - w[fin]).abs()
-        bound = rel * w[fin].abs() + 1e-10 * scale
+        bound = rel * w[fin].abs() + 1e-9 * scale
         if bool((err <= bound).all()):
             return None
         i = int((err - bound).argmax())
         return f"max err {float(err.max()):.3e}; at {i}: got {float(g[fin][i])!r} want {float(w[fin][i])!r}"
 
-    def one(self, label, sizes, est, dtype, k, hint, small_groups=2, tied=False):
-        torch = self.torch
-        values, offsets, deltas = self.batch(sizes, est, dtype, tied)
-        args = (values, offsets, deltas, k, est.code, 0.2 if est.needs_deltas else None, -math.inf, math.inf, True,
-                small_groups, 1e-6, max(sizes) if hint else None)
-        try:
-            want = self.reference.advantages_packed(*args)
+    def guarded(self, like, fill=math.nan, pad=1024):
+        """A poisoned output with guard zones around it: (view, whole buffer, pad)."""
+        buf = self.torch.full((like.numel() + 2 * pad,), fill, dtype=like.dtype, device=self.device)
+        buf[:pad] = -1024.0
+        buf[-pad:] = -1024.0
+        return buf[pad:pad + like.numel()], buf, pad
+
+    def guard_problem(self, buf, pad) -> str | None:
+        head, tail = buf[:pad].double().cpu(), buf[-pad:].double().cpu()
+        if bool((head != -1024.0).any()) or bool((tail != -1024.0).any()):
+            return "WROTE OUTSIDE THE OUTPUT (guard zone changed)"
+        return None
+
+    def run_backend(self, which, args, guard=True):
+        """Call one backend with an explicit poisoned output where it takes one; -> (got, problem)."""
+        if which == "native":
+            out, buf, pad = self.guarded(args[0])
+            got = self.native.advantages_packed(*args, out=out)
             self.sync()
-        except Exception as error:  # the reference itself failed: not the kernel's fault, but report it
-            self.failures.append(f"{label}: reference raised {error!r}")
-            return
-        if not self.triton_pass:
-            out = torch.full_like(values, float("nan"))
-            try:
-                got = self.native.advantages_packed(*args, out=out)
-                self.sync()
-                problem = self.compare(got, want, dtype)
-            except Exception as error:
-                problem = f"raised {type(error).__name__}: {error}"
-            if problem:
-                self.failures.append(f"{label}: {problem}")
-            else:
-                self.passed += 1
-        if self.triton is not None and self.triton_pass:
-            try:
-                got_t = self.triton(*args)
-                self.sync()
-                problem_t = self.compare(got_t, want, dtype)
-            except Exception as error:
-                problem_t = f"raised {type(error).__name__}: {str(error)[:200]}"
-            if problem_t:
-                self.triton_failures.append(f"{label}: {problem_t}")
-            else:
-                self.triton_passed += 1
+            return got, (self.guard_problem(buf, pad) if guard else None)
+        got = self.triton(*args)
+        self.sync()
+        return got, None
 
-    def run_triton(self, budget_s: float):
-        """The Triton backend on the same kind of inputs (its failures do not fail this script)."""
-        try:
-            from bonkernels import triton as bk_triton
-            if not bk_triton.available():
-                log("[triton] not available")
+    def dev(self, t):
+        return None if t is None else t.to(self.device)
+
+
+# ----------------------------------------------------------------------------- kernels / triton
+
+def variants(ctx, est):
+    """(dtype, mean_scale, clip, eps, small_groups, k) combinations for one estimator."""
+    torch = ctx.torch
+    k = int(torch.randint(1, 9, (1,), generator=ctx.gen))
+    out = [(torch.float64, True, (-math.inf, math.inf), 1e-6, 2, k),
+           (torch.float32, False, (-0.7, 0.9), 0.0, 1, max(1, k // 2))]
+    if not ctx.quick and est.name in ("maxk_loo1", "grpo", "maxk_offpolicy", "maxk", "rloo", "maxrl"):
+        out += [(torch.float16, True, (-math.inf, math.inf), 1e-6, 2, 3),
+                (torch.bfloat16, False, (-2.0, 2.0), 0.0, 2, 2)]
+    return out
+
+
+def args_for(ctx, est, values, offsets, deltas, variant, hint):
+    dtype, mean_scale, (lo, hi), eps, small, k = variant
+    return (ctx.dev(values), ctx.dev(offsets), ctx.dev(deltas), k, est.code, 0.25 if est.needs_deltas else None,
+            lo, hi, mean_scale, small, eps, hint)
+
+
+def section_kernels(ctx):
+    rep = ctx.report
+    buckets = QUICK_BUCKETS if ctx.quick else CUDA_BUCKETS
+    target = 2048 if ctx.quick else 1 << 15
+    for bound, sizes in buckets:
+        reps = max(1, target // (sum(sizes) + 1))
+        ragged = [s for _ in range(reps) for s in sizes] + [0]
+        for est in ctx.natives:
+            if ctx.out_of_time("kernels", f"{est.name} bucket<={bound}"):
                 return
-            self.triton = bk_triton.advantages_packed
-        except Exception as error:
-            log(f"[triton] not checked: {error!r}")
-            return
-        torch = self.torch
-        self.triton_pass = True
-        deadline = time.monotonic() + budget_s
-        natives = [e for e in self.estimators.REGISTRY.values() if e.code not in self.native.UNSUPPORTED_CODES]
-        try:
-            for est in natives:
-                for n in (1, 8, 16, 33, 256, 4096):
-                    if time.monotonic() > deadline:
-                        log(f"[triton] budget spent at {est.name} n={n}")
-                        return
-                    self.one(f"{est.name} n={n}", [n] * max(1, min(512, 16384 // n)), est, torch.float32, 4 if n >= 4 else 1,
-                             hint=True)
-                self.one(f"{est.name} ragged", list(RAGGED), est, torch.float64, 3, hint=True)
-        finally:
-            self.triton_pass = False
+            for variant in variants(ctx, est):
+                values, offsets, deltas = ctx.batch(ragged, est, variant[0])
+                for hint in (bound, None):
+                    args = args_for(ctx, est, values, offsets, deltas, variant, hint)
+                    label = (f"{est.name} bucket<={bound} sizes={sizes} {str(variant[0])[6:]} mean={variant[1]} "
+                             f"clip={variant[2]} eps={variant[3]} small={variant[4]} k={variant[5]} hint={hint}")
+                    try:
+                        got, problem = ctx.run_backend("native", args)
+                        problem = problem or ctx.compare(got, ctx.want(args), variant[0])
+                    except Exception as error:
+                        problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                    rep.check("kernels", label, problem)
 
-    def jobs(self):
-        """Checks in priority order, so a spent budget drops the least important ones."""
-        torch = self.torch
-        natives = [e for e in self.estimators.REGISTRY.values() if e.code not in self.native.UNSUPPORTED_CODES]
-        sizes = SIZES if not self.quick else (1, 2, 3, 8, 16, 33, 100)
-        ragged = list(RAGGED if not self.quick else (1, 0, 2, 5, 16, 33, 0, 100))
-        target_n = 1 << 16 if not self.quick else 1 << 10
-        groups = lambda n: max(1, min(2048, target_n // n))  # noqa: E731
-        for n in sizes:  # every shape of kernel, every estimator, float64
-            for est in natives:
-                k = 4 if n >= 4 else 1
-                yield (f"{est.name} n={n} G={groups(n)} k={k} float64", [n] * groups(n), est, torch.float64, k, True)
-        for est in natives:  # ragged batches: one launch shaped by the largest group
-            yield (f"{est.name} ragged k=3 float64", ragged, est, torch.float64, 3, True)
-            yield (f"{est.name} ragged k=1 float32 (no hint)", ragged, est, torch.float32, 1, False)
-        for n in sizes:
-            for est in natives:
-                yield (f"{est.name} n={n} k=1 float32 (no hint)", [n] * groups(n), est, torch.float32, 1, False)
-        for est in natives:
-            for dtype in (torch.float16, torch.bfloat16):
-                yield (f"{est.name} ragged k=2 {str(dtype)[6:]}", ragged, est, dtype, 2, True)
-            yield (f"{est.name} ties n=16", [16] * 64, est, torch.float64, 4, True, 2, True)
-            yield (f"{est.name} ragged small_groups=zero k=5", ragged, est, torch.float64, 5, True, 1)
 
-    def run(self, budget_s: float):
-        torch = self.torch
-        deadline = time.monotonic() + budget_s
-        # A wrong hint must not read out of bounds: the kernel marks such groups with NaN.
-        if self.device.type == "cuda":
-            est = self.estimators.get("maxk")
-            for sizes, hint in (([40, 8], 16), ([300, 8], 100)):
-                values, offsets, _ = self.batch(sizes, est, torch.float32)
+def section_triton(ctx):
+    rep = ctx.report
+    if ctx.triton is None:
+        if ctx.cuda:
+            rep.fail("triton", f"Triton backend not usable on CUDA: {getattr(ctx, 'triton_error', 'not installed')}")
+        else:
+            rep.skip("triton", "no CUDA device and the Triton interpreter is off")
+        return
+    torch = ctx.torch
+    blocks = ctx.triton_blocks if not ctx.quick else [8, 64]
+    dtypes = (torch.float64, torch.float32, torch.float16, torch.bfloat16) if not ctx.quick else (torch.float32,)
+    for block in blocks:
+        lo = block // 2 + 1 if block > 8 else 1
+        sizes = sorted({lo, (lo + block) // 2, block})
+        reps = max(1, (256 if ctx.quick else 1 << 14) // sum(sizes))
+        ragged = [s for _ in range(reps) for s in sizes] + [0]
+        for dtype in dtypes:
+            ests = ctx.natives if dtype == torch.float32 else [e for e in ctx.natives if e.name in (
+                "maxk_loo1", "maxk_offpolicy", "grpo", "bon_mean", "maxk_loo")]
+            if ctx.quick:
+                ests = [e for e in ests if e.name in ("maxk", "maxk_offpolicy", "grpo")]
+            for est in ests:
+                if ctx.out_of_time("triton", f"{est.name} block={block} {dtype}"):
+                    return
+                for variant in variants(ctx, est)[:2]:
+                    variant = (dtype,) + variant[1:]
+                    values, offsets, deltas = ctx.batch(ragged, est, dtype)
+                    args = args_for(ctx, est, values, offsets, deltas, variant, block)
+                    label = (f"{est.name} block={block} {str(dtype)[6:]} mean={variant[1]} clip={variant[2]} "
+                             f"eps={variant[3]} small={variant[4]} k={variant[5]}")
+                    try:
+                        got, _ = ctx.run_backend("triton", args)
+                        problem = ctx.compare(got, ctx.want(args), dtype)
+                    except Exception as error:
+                        problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                    rep.check("triton", label, problem)
+
+
+# ----------------------------------------------------------------------------- adversarial (checks off)
+
+def adversarial(ctx, which):
+    section = f"adversarial-{which}"
+    rep = ctx.report
+    torch = ctx.torch
+    if which == "triton" and ctx.triton is None:
+        if ctx.cuda:
+            rep.fail(section, "Triton backend not usable on CUDA")
+        else:
+            rep.skip(section, "no CUDA device and the Triton interpreter is off")
+        return
+    buckets = ((8, (1, 5, 8)), (32, (17, 32)), (256, (33, 100))) if ctx.quick else CUDA_BUCKETS
+    specials = (math.nan, math.inf, -math.inf)
+    names = ("maxk", "maxk_loo1", "grpo", "maxk_offpolicy", "bon_max_second", "maxrl")
+    ests = [e for e in ctx.natives if e.name in names]
+    # 1. the NaN contract
+    for bound, sizes in buckets:
+        ragged = [s for _ in range(3) for s in sizes]
+        offs = [0]
+        for s in ragged:
+            offs.append(offs[-1] + s)
+        for est in ests:
+            if ctx.out_of_time(section, f"NaN contract {est.name} bucket<={bound}"):
+                return
+            for dtype in (torch.float32, torch.float64):
+                values, offsets, deltas = ctx.batch(ragged, est, dtype)
+                bad_groups = set()
+                for g, s in enumerate(ragged):
+                    if g % 3 == 1:  # one bad sample per poisoned group, anywhere in it
+                        pos = offs[g] + int(torch.randint(0, s, (1,), generator=ctx.gen))
+                        special = specials[g % len(specials)]
+                        if est.needs_deltas and g % 2 == 0:
+                            deltas[pos] = special
+                        else:
+                            values[pos] = special
+                        bad_groups.add(g)
+                clean_v = values.clone()
+                clean_d = None if deltas is None else deltas.clone()
+                for g in bad_groups:
+                    clean_v[offs[g]:offs[g + 1]] = 0.5
+                    if clean_d is not None:
+                        clean_d[offs[g]:offs[g + 1]] = 0.0
+                variant = (dtype, True, (-math.inf, math.inf), 1e-6, 2, 2)
+                args = args_for(ctx, est, values, offsets, deltas, variant, bound if ctx.cuda else None)
+                label = f"NaN contract {est.name} bucket<={bound} {str(dtype)[6:]}"
                 try:
-                    got = self.native.advantages_packed(values, offsets, None, 2, 0, None, -math.inf, math.inf, True,
-                                                        2, 1e-6, hint)
-                    self.sync()
-                    if not torch.isnan(got[:sizes[0]].cpu()).all():
-                        self.failures.append(f"an undersized max_group_size hint ({hint}) did not mark the group "
-                                             "with NaN")
-                    else:
-                        self.passed += 1
+                    want = ctx.want(args_for(ctx, est, clean_v, offsets, clean_d, variant, None))
+                    for g in bad_groups:
+                        want[offs[g]:offs[g + 1]] = math.nan
+                    got, problem = ctx.run_backend(which, args)
+                    problem = problem or ctx.compare(got, want, dtype)
                 except Exception as error:
-                    self.failures.append(f"undersized hint raised {error!r}")
-        last_report = time.monotonic()
-        for job in self.jobs():
-            if time.monotonic() > deadline:
-                self.incomplete = f"check budget spent before: {job[0]}"
-                return
-            label, sizes, est, dtype, k, hint = job[:6]
-            rest = job[6:]
-            self.one(label, sizes, est, dtype, k, hint, *rest)
-            if time.monotonic() - last_report > 10:
-                last_report = time.monotonic()
-                log(f"[check] {elapsed():.0f} s: native {self.passed} ok, {len(self.failures)} failed (at {label})")
+                    problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                rep.check(section, label, problem)
+    # 2. malformed offsets: no access outside the tensors, no CUDA error (values are undefined)
+    est = ctx.estimators.get("maxk_loo1")
+    N = 40
+    cases = {"decreasing": [0, 10, 5, 30, 40], "past the end": [0, 10, 20, 45, 60], "negative": [-8, 3, 10, 40, 40],
+             "start past the end": [0, 10, 50, 40, 40], "huge": [0, 2 ** 40, 3, 40, 40]}
+    for name, offs in cases.items():
+        values = ctx.rewards(N, est, torch.float32)
+        offsets = torch.tensor(offs, dtype=torch.int64)
+        for hint in ((8, 32, 300, 4096) if ctx.cuda else (None,)):
+            args = args_for(ctx, est, values, offsets, None, (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2),
+                            hint)
+            label = f"malformed offsets ({name}) hint={hint}"
+            try:
+                _, problem = ctx.run_backend(which, args)
+                if which == "triton":  # no out= on this backend: check the device is still sane
+                    probe = torch.ones(4, device=ctx.device).sum().item()
+                    problem = None if probe == 4.0 else "device in a bad state"
+            except Exception as error:
+                # A clear refusal (ValueError: the CPU kernel's bounds check, or a backend that
+                # measured the groups without a hint) is safe; a fault or any other error is not.
+                refused = isinstance(error, ValueError) and not (ctx.cuda and which == "native" and hint)
+                problem = None if refused else f"raised {type(error).__name__}: {str(error)[:300]}"
+            rep.check(section, label, problem)
+    # 3. an undersized max_group_size: larger groups NaN-filled, the others exact. Every oversize
+    # group here is above each backend's launch bound for that hint (CUDA bucket, Triton block).
+    est = ctx.estimators.get("maxk")
+    cases = (([40, 8, 3], 16), ([300, 8], 100), ([700, 20], 512), ([3000, 9], 2048), ([12, 9], 8))
+    for sizes, hint in (cases[:2] + cases[-1:] if ctx.quick else cases):
+        values, offsets, _ = ctx.batch(sizes, est, torch.float32)
+        variant = (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2)
+        args = args_for(ctx, est, values, offsets, None, variant, hint)
+        want = ctx.want(args_for(ctx, est, values, offsets, None, variant, None))
+        for g, s in enumerate(sizes):
+            if s > hint:
+                want[sum(sizes[:g]):sum(sizes[:g + 1])] = math.nan
+        label = f"undersized hint {hint} for sizes {sizes}"
+        try:
+            got, problem = ctx.run_backend(which, args)
+            problem = problem or ctx.compare(got, want, torch.float32)
+        except Exception as error:
+            problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+        rep.check(section, label, problem)
 
 
-# ----------------------------------------------------------------------------- 3. timing
+# ----------------------------------------------------------------------------- streams and graphs
+
+def backends_for(ctx):
+    out = [("native", lambda *a: ctx.native.advantages_packed(*a))]
+    if ctx.triton is not None:
+        out.append(("triton", lambda *a: ctx.triton(*a)))
+    return out
+
+
+def section_streams(ctx):
+    rep = ctx.report
+    torch = ctx.torch
+    if not ctx.cuda:
+        rep.skip("streams", "no CUDA device")
+        return
+    est = ctx.estimators.get("maxk_loo1")
+    for n in (8, 32, 300, 1500):
+        sizes = [n] * max(1, 8192 // n)
+        values, offsets, _ = ctx.batch(sizes, est, torch.float32)
+        variant = (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2)
+        want = ctx.want(args_for(ctx, est, values, offsets, None, variant, None))
+        for name, fn in backends_for(ctx) + [("api", None)]:
+            side = torch.cuda.Stream()
+            src = values.to(ctx.device)
+            off = offsets.to(ctx.device)
+            torch.cuda.synchronize()
+            try:
+                with torch.cuda.stream(side):
+                    dst = torch.full_like(src, math.nan)  # poison, then the rewards arrive late on `side`
+                    torch.cuda._sleep(50_000_000)
+                    dst.copy_(src)
+                    if fn is None:
+                        got = ctx.bk.advantages(dst, 2, est.name, offsets=off, check_inputs=False,
+                                                max_group_size=n, backend="cuda")
+                    else:
+                        got = fn(dst, off, None, 2, est.code, None, -math.inf, math.inf, True, 2, 1e-6, n)
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+                problem = ctx.compare(got, want, torch.float32)
+            except Exception as error:
+                problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+            rep.check("streams", f"{name} inside torch.cuda.stream(side), n={n}", problem)
+    if torch.cuda.device_count() < 2:
+        rep.skip("streams", "device guard on cuda:1: only one GPU")
+        return
+    values, offsets, _ = ctx.batch([16] * 64, est, torch.float32)
+    want = ctx.want(args_for(ctx, est, values, offsets, None, (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2),
+                             None))
+    for name, fn in backends_for(ctx):
+        try:
+            torch.cuda.set_device(0)
+            got = fn(values.to("cuda:1"), offsets.to("cuda:1"), None, 2, est.code, None, -math.inf, math.inf, True, 2,
+                     1e-6, 16)
+            torch.cuda.synchronize(1)
+            problem = ctx.compare(got, want, torch.float32)
+        except Exception as error:
+            problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+        rep.check("streams", f"{name} on cuda:1 while cuda:0 is current", problem)
+
+
+def section_graphs(ctx):
+    rep = ctx.report
+    torch = ctx.torch
+    if not ctx.cuda:
+        rep.skip("graphs", "no CUDA device")
+        return
+    for est_name in ("maxk_loo1", "maxk_offpolicy", "grpo"):
+        est = ctx.estimators.get(est_name)
+        for n in (16, 300):
+            G = max(1, 4096 // n)
+            calls = [(name, fn) for name, fn in backends_for(ctx)] + [("api-cuda", "cuda"), ("api-auto", "auto")]
+            if ctx.triton is not None:
+                calls.append(("api-triton", "triton"))
+            for name, fn in calls:
+                values, offsets, deltas = ctx.batch([n] * G, est, torch.float32)
+                static_v = values.to(ctx.device)
+                static_d = None if deltas is None else deltas.to(ctx.device)
+                off = offsets.to(ctx.device)
+
+                def call():
+                    if isinstance(fn, str):
+                        return ctx.bk.advantages(static_v.view(G, n), 2, est.name, deltas=None if static_d is None
+                                                 else static_d.view(G, n), clamp_delta=0.25 if est.needs_deltas else None,
+                                                 check_inputs=False, max_group_size=n, backend=fn).reshape(-1)
+                    return fn(static_v, off, static_d, 2, est.code, 0.25 if est.needs_deltas else None, -math.inf,
+                              math.inf, True, 2, 1e-6, n)
+                try:
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        for _ in range(2):
+                            call()
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        static_out = call()
+                    new_v, _, new_d = ctx.batch([n] * G, est, torch.float32)
+                    static_v.copy_(new_v.to(ctx.device))
+                    if static_d is not None:
+                        static_d.copy_(new_d.to(ctx.device))
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    variant = (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2)
+                    want = ctx.want(args_for(ctx, est, new_v, offsets, new_d, variant, None))
+                    problem = ctx.compare(static_out, want, torch.float32)
+                except Exception as error:
+                    problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                rep.check("graphs", f"CUDA-graph capture + replay {name} {est.name} n={n}", problem)
+    # zero host syncs with checks off and a size hint
+    est = ctx.estimators.get("maxk_loo1")
+    values, offsets, _ = ctx.batch([16] * 256, est, torch.float32)
+    v, off = values.to(ctx.device), offsets.to(ctx.device)
+    backends = ["cuda"] + (["triton"] if ctx.triton is not None else [])
+    for backend in backends:
+        for layout in ("offsets", "full"):
+            try:
+                ctx.bk.advantages(v.view(256, 16), 2, est.name, check_inputs=False, max_group_size=16, backend=backend)
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    if layout == "offsets":
+                        ctx.bk.advantages(v, 2, est.name, offsets=off, check_inputs=False, max_group_size=16,
+                                          backend=backend)
+                    else:
+                        ctx.bk.advantages(v.view(256, 16), 2, est.name, check_inputs=False, max_group_size=16,
+                                          backend=backend)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+                problem = None
+            except Exception as error:
+                problem = f"synced with the host: {type(error).__name__}: {str(error)[:200]}"
+            rep.check("graphs", f"no host sync: bk.advantages(backend={backend}, layout={layout}, checks off, hint)",
+                      problem)
+    B, T = 64, 40
+    logp = torch.randn(B, T, device=ctx.device) * 0.1 - 1
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            ctx.bk.policy_loss(logp, logp.detach() + 0.01, torch.rand(B, device=ctx.device), 2, "maxk_loo1",
+                               group_size=8, check_inputs=False, backend="triton")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        problem = None
+    except Exception as error:
+        problem = f"synced with the host: {type(error).__name__}: {str(error)[:200]}"
+    rep.check("graphs", "no host sync: bk.policy_loss(backend=triton, checks off, group_size)", problem)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def section_api(ctx):
+    rep = ctx.report
+    torch = ctx.torch
+    bk = ctx.bk
+    backends = ["auto", "torch"] + (["cuda"] if ctx.cuda else ["cpu"]) + (["triton"] if ctx.triton is not None else [])
+    names = [n for n in ("maxk", "maxk_loo1", "maxk_offpolicy", "passk", "grpo", "bon_mean", "maxrl")
+             if n in bk.ESTIMATORS]
+    if "maxrl" not in bk.ESTIMATORS:
+        rep.skip("api", "maxrl is not registered in bk.ESTIMATORS")
+    G, n = 24, 12
+    for name in names:
+        est = ctx.estimators.get(name)
+        rewards = ctx.rewards(G * n, est, torch.float32).view(G, n)
+        deltas = ((torch.rand(G, n, generator=ctx.gen) - 0.5) * 0.4) if est.needs_deltas else None
+        lengths = torch.randint(1, n + 1, (G,), generator=ctx.gen)
+        group_ids = torch.randperm(G * n, generator=ctx.gen) % G
+        k = 1 if name == "maxrl" else 3
+        for layout in ("full", "lengths", "offsets", "group_ids"):
+            kw = {}
+            r, d = rewards, deltas
+            if layout == "lengths":
+                kw["lengths"] = lengths
+            elif layout == "offsets":
+                r = rewards.reshape(-1)
+                d = None if deltas is None else deltas.reshape(-1)
+                kw["offsets"] = torch.arange(G + 1) * n
+            elif layout == "group_ids":
+                r = rewards.reshape(-1)
+                d = None if deltas is None else deltas.reshape(-1)
+                kw["group_ids"] = group_ids
+            common = dict(deltas=d, clamp_delta=0.3 if est.needs_deltas else None, small_groups="clamp", **kw)
+            oracle = "torch"
+            if name == "maxrl" and not ctx.reference_has_maxrl():
+                oracle = "cpu"  # checked against maxrl_reference by the kernels section
+            try:
+                want = bk.advantages(r.double(), k, name, backend=oracle, **{key: (val.double() if (
+                    key == "deltas" and val is not None) else val) for key, val in common.items()})
+            except Exception as error:
+                rep.fail("api", f"{name} {layout}: the reference raised {error!r}")
+                continue
+            for backend in backends:
+                label = f"bk.advantages({name}, layout={layout}, backend={backend})"
+                try:
+                    moved = {key: (val.to(ctx.device) if isinstance(val, torch.Tensor) else val)
+                             for key, val in common.items()}
+                    got = bk.advantages(r.to(ctx.device), k, name, backend=backend, **moved)
+                    ctx.sync()
+                    problem = ctx.compare(got.reshape(-1), want.float().double().reshape(-1), torch.float32)
+                    if problem is None and got.device.type != ctx.device.type:
+                        problem = f"result on {got.device}"
+                except Exception as error:
+                    problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                rep.check("api", label, problem)
+    # pass_at_k / max_at_k on the device
+    correct = (torch.rand(G, n, generator=ctx.gen) < 0.3)
+    for fn_name in ("pass_at_k", "max_at_k"):
+        fn = getattr(bk, fn_name)
+        x = correct if fn_name == "pass_at_k" else torch.rand(G, n, generator=ctx.gen)
+        try:
+            want = fn(x.cpu(), 4).double()
+            got = fn(x.to(ctx.device), 4)
+            problem = ctx.compare(got.reshape(-1).double(), want.reshape(-1), torch.float64 if got.dtype == torch.float64
+                                  else torch.float32)
+        except Exception as error:
+            problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+        rep.check("api", f"bk.{fn_name} on {ctx.device.type}", problem)
+    # undersized hint with checks on: a clear error
+    try:
+        bk.advantages(torch.rand(4, 16, device=ctx.device), 2, "maxk", max_group_size=8, check_inputs=True)
+        rep.fail("api", "an undersized max_group_size with checks on did not raise")
+    except ValueError:
+        rep.ok("api")
+    except Exception as error:
+        rep.fail("api", f"undersized max_group_size with checks on raised {type(error).__name__}, not ValueError")
+    # mixtures over k
+    if "k_weights" not in inspect.signature(bk.advantages).parameters:
+        rep.skip("api", "mixtures: bk.advantages has no k_weights parameter")
+        return
+    weights = [0.5, 0.0, 0.3, 0.2]
+    for name in ("maxk", "maxk_loo", "maxk_loo1", "passk", "maxk_offpolicy"):
+        est = ctx.estimators.get(name)
+        rewards = ctx.rewards(G * n, est, torch.float32).view(G, n)
+        deltas = ((torch.rand(G, n, generator=ctx.gen) - 0.5) * 0.4) if est.needs_deltas else None
+        common = dict(k_weights=weights, small_groups="clamp", clamp_delta=0.3 if est.needs_deltas else None)
+        try:
+            want = bk.advantages(rewards.double(), estimator=name, backend="torch",
+                                 deltas=None if deltas is None else deltas.double(), **common)
+        except Exception as error:
+            rep.fail("api", f"mixture {name}: the reference raised {error!r}")
+            continue
+        for backend in backends:
+            try:
+                got = bk.advantages(rewards.to(ctx.device), estimator=name, backend=backend,
+                                    deltas=None if deltas is None else deltas.to(ctx.device), **common)
+                ctx.sync()
+                problem = ctx.compare(got.reshape(-1), want.float().double().reshape(-1), torch.float32)
+            except Exception as error:
+                problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+            rep.check("api", f"mixture k_weights={weights} {name} backend={backend}", problem)
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+def section_policy_loss(ctx):
+    rep = ctx.report
+    torch = ctx.torch
+    if ctx.triton is None:
+        if ctx.cuda:
+            rep.fail("policy_loss", "Triton not usable on CUDA")
+        else:
+            rep.skip("policy_loss", "no CUDA device and the Triton interpreter is off")
+        return
+    shapes = ((16, 7), (32, 64), (16, 300), (8, 2500)) if not ctx.quick else ((8, 7), (8, 33))
+    configs = [dict(weighting="ppo", loss_agg="token_mean"), dict(weighting="ppo", loss_agg="seq_mean_token_sum"),
+               dict(weighting="direct", loss_agg="seq_mean_token_mean"),
+               dict(weighting="ppo", loss_agg="token_mean", kl=0.05),
+               dict(weighting="direct", loss_agg="seq_mean_token_sum", estimator="maxk_offpolicy")]
+    for B, T in shapes:
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            for cfg in configs:
+                if ctx.out_of_time("policy_loss", f"B={B} T={T} {dtype}"):
+                    return
+                cfg = dict(cfg)
+                est = cfg.pop("estimator", "maxk_loo1")
+                kl = cfg.pop("kl", 0.0)
+                logp0 = (torch.randn(B, T, generator=ctx.gen) * 0.3 - 1.0).to(dtype)
+                old = (logp0.double() + torch.randn(B, T, generator=ctx.gen, dtype=torch.float64) * 0.05).to(dtype)
+                ref = (logp0.double() + torch.randn(B, T, generator=ctx.gen, dtype=torch.float64) * 0.05).to(dtype)
+                mask = torch.rand(B, T, generator=ctx.gen) < 0.8
+                rewards = torch.rand(B, generator=ctx.gen)
+                extra = dict(k=2, estimator=est, group_size=4, mask=mask, kl_coef=kl,
+                             ref_logp=ref if kl else None, clamp_delta=0.5 if est == "maxk_offpolicy" else None, **cfg)
+                label = f"policy_loss B={B} T={T} {str(dtype)[6:]} {est} {cfg} kl={kl}"
+                try:
+                    lw = logp0.double().clone().requires_grad_(True)
+                    want, _ = ctx.bk.policy_loss(lw, old.double(), rewards.double(), backend="torch",
+                                                 **{**extra, "mask": mask, "ref_logp": None if not kl else ref.double()})
+                    want.backward()
+                    lg = logp0.to(ctx.device).clone().requires_grad_(True)
+                    got, _ = ctx.bk.policy_loss(lg, old.to(ctx.device), rewards.to(ctx.device), backend="triton",
+                                                **{**extra, "mask": mask.to(ctx.device),
+                                                   "ref_logp": None if not kl else ref.to(ctx.device)})
+                    got.backward()
+                    ctx.sync()
+                    tol = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
+                    gl, wl = float(got.detach().double().cpu()), float(want.detach())
+                    problem = None
+                    if not abs(gl - wl) <= tol * (1 + abs(wl)):
+                        problem = f"loss {gl!r} vs {wl!r}"
+                    gg, wg = lg.grad.double().cpu(), lw.grad
+                    if problem is None and not torch.allclose(gg, wg, rtol=tol * 10, atol=tol * float(wg.abs().max() + 1e-30)):
+                        problem = f"grad max err {float((gg - wg).abs().max()):.3e} (scale {float(wg.abs().max()):.3e})"
+                except Exception as error:
+                    problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                rep.check("policy_loss", label, problem)
+
+
+# ----------------------------------------------------------------------------- sanitizer target
+
+def sanitize_target(ctx):
+    """Small inputs of every CUDA kernel variant (one launch each), NaN groups, malformed offsets."""
+    torch = ctx.torch
+    for bound, sizes in (CUDA_BUCKETS if ctx.cuda else QUICK_BUCKETS):
+        for name in ("maxk_loo1", "maxk_offpolicy", "grpo"):
+            est = ctx.estimators.get(name)
+            ragged = list(sizes) + [0, sizes[0]]
+            values, offsets, deltas = ctx.batch(ragged, est, torch.float32)
+            values[0] = math.nan  # the first group breaks the NaN contract
+            args = args_for(ctx, est, values, offsets, deltas, (torch.float32, True, (-1.0, 1.0), 0.0, 2, 2), bound)
+            ctx.native.advantages_packed(*args)
+    for offs in ([0, 10, 5, 30, 40], [-8, 3, 10, 45, 60]):
+        values = torch.rand(40)
+        for hint in (8, 32, 256, 4096):
+            try:
+                ctx.native.advantages_packed(values.to(ctx.device), torch.tensor(offs).to(ctx.device), None, 2, 3,
+                                             None, -math.inf, math.inf, True, 2, 1e-6, hint)
+            except ValueError:
+                if ctx.cuda:
+                    raise
+                pass  # the CPU kernel refuses malformed offsets (its bounds check)
+    ctx.sync()
+    log("[sanitize-target] done")
+
+
+# ----------------------------------------------------------------------------- timing
 
 def time_calls(fn, device, warmup=5, repeats=25):
     import torch
@@ -304,165 +878,284 @@ def time_calls(fn, device, warmup=5, repeats=25):
     return statistics.median(times)
 
 
-def timing(device_name: str, quick: bool, budget_s: float):
-    import torch
-    from bonkernels import _native, estimators, reference
-    device = torch.device(device_name)
-    triton = None
-    if device.type == "cuda":
-        try:
-            from bonkernels import triton as bk_triton
-            triton = bk_triton.advantages_packed if bk_triton.available() else None
-        except Exception:
-            triton = None
-    cells = [(1024, 16), (4096, 16), (65536, 16), (1 << 20, 16), (4096, 4096), (64, 1024)]
-    if device.type == "cpu":
-        cells = [(1024, 16), (4096, 16), (64, 1024), (16, 4096)]
-    if quick:
+def section_timing(ctx):
+    torch = ctx.torch
+    device = ctx.device
+    cells = [(1024, 16), (65536, 16), (1 << 20, 16), (4096, 300), (4096, 4096)] if ctx.cuda else [(1024, 16), (64, 1024)]
+    if ctx.quick:
         cells = [(256, 16), (64, 256)]
     rows = []
-    deadline = time.monotonic() + budget_s
-    gen = torch.Generator().manual_seed(7)
     for name in ("maxk_loo1", "maxk_offpolicy", "grpo"):
-        est = estimators.get(name)
+        est = ctx.estimators.get(name)
         for G, n in cells:
-            if time.monotonic() > deadline:
-                log("[time] budget spent; remaining cells skipped")
-                break
             N = G * n
-            values = torch.rand(N, generator=gen).to(device)
+            values = torch.rand(N, generator=ctx.gen).to(device)
             offsets = (torch.arange(G + 1, dtype=torch.int64) * n).to(device)
-            deltas = ((torch.rand(N, generator=gen) - 0.5) * 0.2).to(device) if est.needs_deltas else None
+            deltas = ((torch.rand(N, generator=ctx.gen) - 0.5) * 0.2).to(device) if est.needs_deltas else None
             args = (values, offsets, deltas, 4, est.code, 0.2 if deltas is not None else None, -math.inf, math.inf,
-                    True, 0, 1e-6, n)
+                    True, 2, 1e-6, n)
             out = torch.empty_like(values)
             row = {"estimator": name, "G": G, "n": n}
-            try:
-                row["native"] = time_calls(lambda: _native.advantages_packed(*args, out=out), device)
-            except Exception as error:
-                row["native"] = float("nan")
-                log(f"[time] native {name} G={G} n={n} raised {error!r}")
-            if triton is not None:
-                try:
-                    row["triton"] = time_calls(lambda: triton(*args), device)
-                except Exception as error:
-                    row["triton"] = float("nan")
-                    log(f"[time] triton {name} G={G} n={n} raised {str(error)[:200]!r}")
-            if N <= (1 << 20):
-                try:
-                    row["torch"] = time_calls(lambda: reference.advantages_packed(*args), device, warmup=2, repeats=5)
-                except Exception:
-                    row["torch"] = float("nan")
-            traffic = values.numel() * values.element_size() * (3 if deltas is not None else 2)
-            src = torch.empty(traffic // 2, dtype=torch.uint8, device=device)
+            row["native"] = time_calls(lambda: ctx.native.advantages_packed(*args, out=out), device)
+            if ctx.triton is not None and ctx.cuda:
+                row["triton"] = time_calls(lambda: ctx.triton(*args), device)
+            nbytes = values.numel() * values.element_size() * (3 if deltas is not None else 2)
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
             dst = torch.empty_like(src)
-            row["copy"] = time_calls(lambda: dst.copy_(src), device)  # reads + writes the same bytes
-            row["bytes"] = traffic
+            row["copy"] = time_calls(lambda: dst.copy_(src), device)
             rows.append(row)
-    header = f"{'estimator':15s} {'G':>8s} {'n':>5s} {'native':>10s} {'triton':>10s} {'torch':>10s} {'copy':>10s} {'% copy bw':>9s}"
-    log(header)
-    log("-" * len(header))
+    log(f"{'estimator':15s} {'G':>8s} {'n':>5s} {'native':>10s} {'triton':>10s} {'copy':>10s}")
     for r in rows:
-        us = lambda key: f"{r[key] * 1e6:9.1f}u" if key in r and r[key] == r[key] else f"{'-':>10s}"  # noqa: E731
-        frac = r["copy"] / r["native"] * 100 if r.get("native") == r.get("native") and r.get("native") else float("nan")
-        log(f"{r['estimator']:15s} {r['G']:8d} {r['n']:5d} {us('native')} {us('triton')} {us('torch')} "
-            f"{us('copy')} {frac:8.0f}%")
-    return rows
+        us = lambda key: f"{r[key] * 1e6:9.1f}u" if key in r else f"{'-':>10s}"  # noqa: E731
+        log(f"{r['estimator']:15s} {r['G']:8d} {r['n']:5d} {us('native')} {us('triton')} {us('copy')}")
+    ctx.report.sections.setdefault("timing", {"passed": 0, "failed": [], "skipped": []})["rows"] = rows
 
 
-# ----------------------------------------------------------------------------- main
+SECTION_FUNCS = {"kernels": section_kernels, "triton": section_triton,
+                 "adversarial-native": lambda ctx: adversarial(ctx, "native"),
+                 "adversarial-triton": lambda ctx: adversarial(ctx, "triton"),
+                 "streams": section_streams, "graphs": section_graphs, "api": section_api,
+                 "policy_loss": section_policy_loss, "timing": section_timing}
+
 
 def child(args) -> int:
-    """Checks and timing, in a fresh interpreter that imports the freshly built extension."""
-    sys.path.insert(0, ROOT)
+    """Runs the given sections in this interpreter; writes the report as JSON."""
+    sys.path.insert(0, os.environ.get("BK_GPU_CHECK_PACKAGE_ROOT", ROOT))
     import torch
     from bonkernels import _native
-    log(f"[env] python {sys.version.split()[0]}, torch {torch.__version__}, device {args.device}"
-        + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
+    report = Report(args.json)
+    route = _native.build_route()
+    log(f"[env] python {sys.version.split()[0]}, torch {torch.__version__} (cuda {torch.version.cuda}), "
+        f"device {args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "")
+        + f"; bonkernels from {os.path.dirname(_native.__file__)}; extension build route: {route}")
     if not _native.available():
-        log(f"[check] FAILED: the extension did not load: {_native.load_error()}")
+        report.fail("build", f"the extension did not load: {_native.load_error()}")
+    elif args.device == "cuda" and route != args.route:
+        report.fail("build", f"expected the {args.route} build route, the loaded extension reports {route}")
+    elif args.device == "cuda" and not _native.cuda_available():
+        report.fail("build", "the extension has no usable CUDA kernels")
+    else:
+        report.ok("build")
+    if report.sections["build"]["failed"]:
+        json.dump(report.sections, open(args.json, "w"), indent=1)
         return 1
-    if args.device == "cuda" and not _native.cuda_available():
-        log("[check] FAILED: the extension has no CUDA kernels (was it built with nvcc?)")
-        return 1
-    checker = Checker(args.device, args.quick)
-    try:
-        checker.run(budget_s=args.check_budget_s)
-    except Exception:
-        checker.failures.append("checker crashed:\n" + traceback.format_exc())
-    log(f"[check] native: {checker.passed} passed, {len(checker.failures)} failed")
-    if checker.incomplete:
-        log(f"[check] NOTE: not every check ran ({checker.incomplete})")
-    for f in checker.failures[:40]:
-        log("  FAIL " + f)
-    if args.device == "cuda":
+    ctx = Ctx(args.device, args.quick, report, args.budget_s)
+    if args.sanitize_target:
+        sanitize_target(ctx)
+        return 0
+    for name in args.sections.split(","):
+        t0 = time.monotonic()
         try:
-            checker.run_triton(budget_s=args.triton_budget_s)
+            SECTION_FUNCS[name](ctx)
         except Exception:
-            checker.triton_failures.append("triton pass crashed:\n" + traceback.format_exc())
-    if checker.triton is not None:
-        log(f"[check] triton: {checker.triton_passed} passed, {len(checker.triton_failures)} failed")
-        for f in checker.triton_failures[:15]:
-            log("  TRITON FAIL " + f)
-    try:
-        timing(args.device, args.quick, budget_s=args.time_budget_s)
-    except Exception:
-        log("[time] crashed:\n" + traceback.format_exc())
-    return 0 if not checker.failures else 1
+            report.fail(name, "section crashed:\n" + traceback.format_exc())
+        s = report.sections.setdefault(name, {"passed": 0, "failed": [], "skipped": []})
+        log(f"[{name}] {s['passed']} passed, {len(s['failed'])} failed, {len(s['skipped'])} skipped "
+            f"in {time.monotonic() - t0:.0f} s")
+        report.flush()
+    json.dump(report.sections, open(args.json, "w"), indent=1, default=str)
+    return 0 if not any(s["failed"] for s in report.sections.values()) else 1
+
+
+# ============================================================================= parent
+
+class Job:
+    """A child interpreter running some sections (or the sanitizer target), its output in a file."""
+
+    def __init__(self, args, name, scratch, sections=(), env_extra=None, sanitize=False, prefix=(), route=None,
+                 package_root=None, budget_s=1e9):
+        self.name, self.sanitize = name, sanitize
+        self.json = os.path.join(scratch, f"{name}.json")
+        self.log_path = os.path.join(scratch, f"{name}.log")
+        cmd = [*prefix, sys.executable, os.path.abspath(__file__), "--child", "--device", args.device, "--route",
+               route or args.route, "--json", self.json, "--sections", ",".join(sections),
+               "--budget-s", str(budget_s)]
+        if args.quick:
+            cmd.append("--quick")
+        if sanitize:
+            cmd.append("--sanitize-target")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
+        env.setdefault("OMP_NUM_THREADS", "4")  # several children share the CPU
+        if package_root:
+            env["BK_GPU_CHECK_PACKAGE_ROOT"] = package_root
+        self.file = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.file, stderr=subprocess.STDOUT)
+        self.rc = "running"
+
+    def wait(self, deadline_s):
+        try:
+            self.rc = self.proc.wait(timeout=max(1.0, deadline_s - elapsed()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.rc = None
+        self.file.close()
+        return self.rc
+
+    def output(self):
+        return open(self.log_path, errors="replace").read()
+
+
+def find_sanitizer() -> str | None:
+    cand = [shutil.which("compute-sanitizer")]
+    home = resolve_cuda_home()
+    if home:
+        cand += [os.path.join(home, "bin", "compute-sanitizer"), os.path.join(home, "compute-sanitizer",
+                                                                              "compute-sanitizer")]
+    cand += ["/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer"]
+    for c in cand:
+        if c and os.path.exists(c):
+            return c
+    return None
 
 
 def main() -> int:
+    global LOG_FILE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                        help="cuda (default when a GPU is visible) or cpu (the CPU kernel through the same code)")
-    parser.add_argument("--dry-run", action="store_true", help="--device cpu, small sizes, no build")
+    parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "gpu_check"),
+                        help="directory for gpu_check.log and summary.json (default: $OUT or build/gpu_check)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="--device cpu, tiny sizes, no build, Triton under its interpreter (what CI runs)")
     parser.add_argument("--no-build", action="store_true", help="use the extension as it is")
     parser.add_argument("--quick", action="store_true", help="small sizes only")
-    parser.add_argument("--build-timeout-s", type=float, default=170)
-    parser.add_argument("--deadline-s", type=float, default=340, help="hard stop for the whole script")
-    parser.add_argument("--check-budget-s", type=float, default=80)
-    parser.add_argument("--triton-budget-s", type=float, default=50)
-    parser.add_argument("--time-budget-s", type=float, default=40)
+    parser.add_argument("--route", choices=("torch-cuda", "bare-nvcc"), default="torch-cuda",
+                        help="the build route to build and assert (default torch-cuda)")
+    parser.add_argument("--no-bare-route", action="store_true", help="skip the extra bare-nvcc build and checks")
+    parser.add_argument("--deadline-s", type=float, default=340, help="whole-script budget (checks past it FAIL)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sanitize-target", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--budget-s", type=float, default=1e9, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dry_run:
         args.device, args.no_build, args.quick = "cpu", True, True
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cpu":
+        args.no_build = True  # the CPU kernel: checked as built (the CUDA build is the GPU machine's job)
     if args.child:
         return child(args)
-    ok = True
+
+    os.makedirs(args.out, exist_ok=True)
+    LOG_FILE = open(os.path.join(args.out, "gpu_check.log"), "w")
+    summary = {"device": args.device, "route": args.route if args.device == "cuda" else None, "argv": sys.argv[1:],
+               "sections": {}, "notes": []}
+    failed: list[str] = []
+    scratch = tempfile.mkdtemp(prefix="bk_gpu_check_")
+    cuda = args.device == "cuda"
+    log(f"[gpu_check] device {args.device}; log and summary.json in {args.out}")
+
+    # 1. the build, by the asserted route: a failure fails the check (no silent fallback)
     if not args.no_build:
-        ok = build(args.build_timeout_s)
-        if not ok and elapsed() < 110:
-            log("[build] retrying by the bare-nvcc route (BONKERNELS_BARE_NVCC=1)")
-            os.environ["BONKERNELS_BARE_NVCC"] = "1"
-            ok = build(max(30.0, 200 - elapsed()))
-        if not ok:
-            log("[build] the checks below use whatever extension is importable")
-    # Whatever the build took, the whole script stops by --deadline-s (the device run is one shot).
-    limit = max(30.0, args.deadline_s - elapsed())
-    spare = limit - 40  # interpreter start, CUDA init, table printing
-    wanted = args.check_budget_s + args.triton_budget_s + args.time_budget_s
-    if spare < wanted:
-        shrink = max(spare, 30.0) / wanted
-        args.check_budget_s *= shrink
-        args.triton_budget_s *= shrink
-        args.time_budget_s *= shrink
-        log(f"[done] budgets shrunk by {shrink:.2f} to finish by {args.deadline_s:.0f} s")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--device", args.device,
-           "--check-budget-s", str(args.check_budget_s), "--time-budget-s", str(args.time_budget_s),
-           "--triton-budget-s", str(args.triton_budget_s)]
-    if args.quick:
-        cmd.append("--quick")
-    try:
-        rc = subprocess.call(cmd, cwd=ROOT, timeout=limit)
-    except subprocess.TimeoutExpired:
-        log(f"[done] the checks exceeded {limit:.0f} s and were stopped")
-        rc = 1
-    log(f"[done] {'OK' if ok and rc == 0 else 'FAILED'} in {elapsed():.0f} s")
-    return 0 if ok and rc == 0 else 1
+        if not build(args.route, 200):
+            failed.append(f"build by the {args.route} route failed")
+            summary["sections"]["build"] = {"passed": 0, "failed": [f"{args.route} build failed"], "skipped": []}
+            return finish(args, summary, failed)
+    elif cuda:
+        log("[build] --no-build: checking the extension as it is")
+
+    # 2. the checks: each group of sections in its own interpreter, all at once (one crashed CUDA
+    # context loses one group; the GPU is shared, correctness is not affected)
+    env_extra = {"TRITON_INTERPRET": "1"} if (not cuda and args.dry_run) else {}
+    groups = {"core": ["kernels", "streams", "graphs", "api"], "triton": ["triton"], "policy_loss": ["policy_loss"],
+              "adversarial-native": ["adversarial-native"], "adversarial-triton": ["adversarial-triton"]}
+    check_deadline = args.deadline_s - 30  # leave time for the timing table and the summary
+    budget = check_deadline - elapsed() - 20  # children stop themselves (and say so) before being killed
+    jobs = [Job(args, name, scratch, sections, env_extra, budget_s=budget) for name, sections in groups.items()]
+    # 3. compute-sanitizer on every CUDA kernel variant, alongside
+    sanitizer = find_sanitizer() if cuda else None
+    sec = summary["sections"].setdefault("sanitizer", {"passed": 0, "failed": [], "skipped": []})
+    if not cuda:
+        jobs.append(Job(args, "sanitize-plain", scratch, env_extra=env_extra, sanitize=True))
+        sec["skipped"].append("no CUDA device: the sanitizer target ran without compute-sanitizer")
+    elif sanitizer is None:
+        sec["skipped"].append("compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda)")
+    else:
+        for tool in ("memcheck", "racecheck", "synccheck"):
+            prefix = (sanitizer, "--tool", tool, "--error-exitcode", "97", "--print-limit", "20")
+            jobs.append(Job(args, f"sanitize-{tool}", scratch, sanitize=True, prefix=prefix,
+                            env_extra={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}))
+    # 4. the bare-nvcc route too, built meanwhile into a scratch package (streams and graphs are its risk)
+    bare_pkg = None
+    if cuda and not args.no_build and not args.no_bare_route and args.route == "torch-cuda":
+        bare_pkg = os.path.join(scratch, "bare")
+        shutil.copytree(os.path.join(ROOT, "bonkernels"), os.path.join(bare_pkg, "bonkernels"),
+                        ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+        if build("bare-nvcc", max(30.0, args.deadline_s - elapsed() - 90), build_lib=bare_pkg):
+            jobs.append(Job(args, "bare-nvcc", scratch, ["streams", "graphs"], route="bare-nvcc",
+                            package_root=bare_pkg, budget_s=check_deadline - elapsed() - 15))
+        else:
+            failed.append("bare-nvcc build failed")
+
+    for job in jobs:
+        rc = job.wait(check_deadline)
+        out = job.output()
+        log(f"---------------- {job.name} ({'timed out' if rc is None else f'exit {rc}'})")
+        for line in out.splitlines()[-400:]:
+            log(line)
+        data = json.load(open(job.json)) if os.path.exists(job.json) else {}
+        if job.sanitize:
+            if not cuda:
+                if rc != 0 or "[sanitize-target] done" not in out:
+                    sec["failed"].append(f"sanitizer target failed (exit {rc})")
+            elif rc == 0 and "ERROR SUMMARY: 0 errors" in out and "[sanitize-target] done" in out:
+                sec["passed"] += 1
+            else:
+                sec["failed"].append(f"{job.name}: " + ("timed out" if rc is None else f"exit {rc}, errors in the log"))
+            continue
+        prefix_name = "bare-nvcc:" if job.name == "bare-nvcc" else ""
+        for name, s in data.items():
+            target = summary["sections"].setdefault(prefix_name + name, {"passed": 0, "failed": [], "skipped": []})
+            target["passed"] += s["passed"]
+            target["failed"] += s["failed"]
+            target["skipped"] += s["skipped"]
+        if rc != 0 and (rc is None or not any(s["failed"] for s in data.values())):
+            failed.append(f"{job.name}: " + ("timed out (not every check ran)" if rc is None else f"exit status {rc}"))
+
+    # 5. timing (informational; a crash still fails)
+    if args.deadline_s - elapsed() > 15:
+        job = Job(args, "timing", scratch, ["timing"], env_extra)
+        rc = job.wait(args.deadline_s - 2)
+        for line in job.output().splitlines():
+            log(line)
+        if rc != 0:
+            failed.append("timing: " + ("timed out" if rc is None else f"exit status {rc}"))
+    else:
+        summary["notes"].append("timing skipped: out of time")
+        log("[time] skipped: out of time")
+    return finish(args, summary, failed)
+
+
+def finish(args, summary, failed) -> int:
+    total_failed = sum(len(s["failed"]) for s in summary["sections"].values())
+    total_passed = sum(s["passed"] for s in summary["sections"].values())
+    summary["failures_outside_sections"] = failed
+    summary["passed"], summary["failed"] = total_passed, total_failed
+    summary["elapsed_s"] = round(elapsed(), 1)
+    ok = total_failed == 0 and not failed
+    summary["ok"] = ok
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    log("")
+    log(f"{'section':28s} {'passed':>7s} {'failed':>7s} {'skipped':>8s}")
+    for name, s in summary["sections"].items():
+        log(f"{name:28s} {s['passed']:7d} {len(s['failed']):7d} {len(s['skipped']):8d}")
+    for name, s in summary["sections"].items():
+        for reason in s["skipped"]:
+            log(f"skipped [{name}]: {reason}")
+        for msg in s["failed"][:10]:
+            log(f"FAIL [{name}]: {msg[:240]}")
+        if len(s["failed"]) > 10:
+            log(f"FAIL [{name}]: ... and {len(s['failed']) - 10} more (summary.json)")
+    for msg in failed:
+        log(f"FAILED: {msg}")
+    log(f"[done] route asserted: {args.route if args.device == 'cuda' else 'n/a (cpu)'}; "
+        f"{'OK' if ok else 'FAILED'}: {total_passed} passed, {total_failed} failed, in {elapsed():.0f} s; "
+        f"log and summary.json in {args.out}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

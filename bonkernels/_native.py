@@ -15,19 +15,24 @@ from typing import Optional
 
 import torch
 
+from . import _codegen
+from . import estimators as _estimators
+
 # Largest group the CUDA kernels handle (csrc/cuda/launch.h: BK_CUDA_MAX_GROUP).
 CUDA_MAX_GROUP = 4096
-# The estimator the native kernels do not implement (reference-only, see docs/conventions.md).
-UNSUPPORTED_CODES = (5,)  # maxk_offpolicy_exact
+# The estimators the native kernels do not implement (reference-only), from the registry.
+UNSUPPORTED_CODES = tuple(e.code for e in _estimators.REGISTRY.values() if not _codegen.implemented_natively(e))
 
 _load_error: Optional[str] = None
 _ops = None
 _cuda_compiled = False
+_build_info = 0
 
 try:
     from . import _C  # noqa: F401  (loading it runs the TORCH_LIBRARY registrations)
     _ops = torch.ops.bonkernels
-    _cuda_compiled = bool(_ops.build_info() & 1)
+    _build_info = int(_ops.build_info())
+    _cuda_compiled = bool(_build_info & 1)
 except Exception as error:  # ImportError, or an ABI mismatch with the installed torch
     _load_error = f"{type(error).__name__}: {error}"
     _ops = None
@@ -35,7 +40,7 @@ except Exception as error:  # ImportError, or an ABI mismatch with the installed
 if _ops is not None:
     @torch.library.register_fake("bonkernels::advantages_packed")
     def _advantages_packed_fake(values, offsets, deltas, k, estimator_code, clamp_delta, clip_lo, clip_hi,
-                                mean_scale, small_groups, eps, max_group_size):
+                                mean_scale, small_groups, eps, max_group_size, bank=None, bank_index=None):
         return torch.empty_like(values)
 
 
@@ -47,6 +52,17 @@ def available() -> bool:
 def cuda_available() -> bool:
     """True when the extension has CUDA kernels and a CUDA device is usable."""
     return _ops is not None and _cuda_compiled and torch.cuda.is_available()
+
+
+def build_route() -> Optional[str]:
+    """How the loaded extension was built: "torch-cuda" (torch's CUDAExtension), "bare-nvcc" (the
+    torch-free .cu files by nvcc, linked with libcudart), "cpu" (no CUDA kernels), or None when it
+    did not load. Both CUDA routes launch on torch's current stream under a device guard."""
+    if _ops is None:
+        return None
+    if not _cuda_compiled:
+        return "cpu"
+    return "torch-cuda" if _build_info & 2 else "bare-nvcc"
 
 
 def load_error() -> Optional[str]:
@@ -66,12 +82,16 @@ def _require(values: torch.Tensor) -> None:
 def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor], k: int,
                       estimator_code: int, clamp_delta: Optional[float], clip_lo: float, clip_hi: float,
                       mean_scale: bool, small_groups: int, eps: float,
-                      max_group_size: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      max_group_size: Optional[int] = None, out: Optional[torch.Tensor] = None, *,
+                      bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The backend interface (same semantics as ``bonkernels.reference.advantages_packed``).
 
     One fused kernel launch for the whole batch. ``max_group_size`` (a Python int bound on every
     group size) spares the CUDA path a host sync; the CPU path never syncs. With ``out`` the result
     is written into that tensor (every element is written; tests poison it first) and returned.
+    ``bank``/``bank_index`` (float64 / int64, on the values' device) are the mixture tables of a
+    call with k weights: the linear estimators then read their tables from the block for their
+    group size, ignore ``k`` and never zero a group themselves (the too-small rule is folded in).
     """
     _require(values)
     args = (values, offsets, deltas, int(k), int(estimator_code),
@@ -79,6 +99,6 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
             bool(mean_scale), int(small_groups), float(eps),
             None if max_group_size is None else int(max_group_size))
     if out is None:
-        return _ops.advantages_packed(*args)
-    _ops.advantages_packed_out(*args, out)
+        return _ops.advantages_packed(*args, bank=bank, bank_index=bank_index)
+    _ops.advantages_packed_out(*args, out, bank=bank, bank_index=bank_index)
     return out

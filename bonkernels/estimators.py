@@ -16,6 +16,8 @@ Fields of :class:`Estimator`:
   every other estimator rejects them.
 * ``binary``: rewards must be exactly 0 or 1.
 * ``unbiased``: the spec calls the estimator unbiased for grad max@k (pass@k for binary rewards).
+* ``order_free``: the formula uses only group reductions and the sample's own value, so the
+  kernels skip the sort.
 * ``spec``: the spec section.
 """
 
@@ -34,6 +36,7 @@ class Estimator:
     needs_deltas: bool = False
     binary: bool = False
     unbiased: bool = False
+    order_free: bool = False
     spec: str = ""
     summary: str = ""
 
@@ -55,9 +58,9 @@ _ENTRIES = (
               summary="PKPO binary effective rewards"),
     Estimator("tang_loo", 7, "sum", uses_k=False, unbiased=True, spec="5",
               summary="max - max of the others (the k = n case)"),
-    Estimator("bon_max_mean", 8, "mean", uses_k=False, spec="3.3",
+    Estimator("bon_max_mean", 8, "mean", uses_k=False, order_free=True, spec="3.3",
               summary="g_i - mean(g) at the argmax set, else 0"),
-    Estimator("bon_max_second", 9, "mean", uses_k=False, spec="3.3",
+    Estimator("bon_max_second", 9, "mean", uses_k=False, order_free=True, spec="3.3",
               summary="g_i - second distinct value at the argmax set, else 0"),
     Estimator("bon_mean", 10, "mean", spec="3.3",
               summary="z-score of the max@k weights s_i"),
@@ -67,12 +70,14 @@ _ENTRIES = (
               summary="Chow et al. BoN-RLB, two-sided, clipped"),
     Estimator("bon_rlb_pos", 13, "mean", binary=True, spec="4",
               summary="Chow et al. BoN-RLB(P), positive samples only"),
-    Estimator("grpo", 14, "mean", uses_k=False, spec="-",
+    Estimator("grpo", 14, "mean", uses_k=False, order_free=True, spec="-",
               summary="(g_i - mean) / (sample std + eps)"),
-    Estimator("rloo", 15, "mean", uses_k=False, unbiased=True, spec="-",
+    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, unbiased=True, spec="-",
               summary="g_i - mean of the others"),
-    Estimator("dr_grpo", 16, "mean", uses_k=False, spec="-",
+    Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, spec="-",
               summary="g_i - group mean"),
+    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, spec="12",
+              summary="MaxRL: (r_i - mean) / mean, 0 when the mean is 0"),
 )
 
 REGISTRY = {e.name: e for e in _ENTRIES}

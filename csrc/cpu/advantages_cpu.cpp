@@ -15,7 +15,7 @@ namespace {
 
 template <typename scalar_t>
 void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* deltas, scalar_t* out,
-                int64_t num_groups, int64_t total, const Params& p) {
+                int64_t num_groups, int64_t total, const Params& p, int64_t bound) {
   const int64_t mean_size = num_groups > 0 ? total / num_groups : 1;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mean_size));
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
@@ -26,8 +26,13 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
     SerialExec::Vec x, delta;
     for (int64_t g = g_begin; g < g_end; ++g) {
       const int64_t base = offsets[g];
-      const int n = int(offsets[g + 1] - base);
-      if (n <= 0) continue;
+      const int64_t size = offsets[g + 1] - base;
+      if (size <= 0) continue;
+      if (bound >= 0 && size > bound) {  // the max_group_size promise was wrong: mark the group
+        for (int64_t i = 0; i < size; ++i) out[base + i] = static_cast<scalar_t>(BK_NAN);
+        continue;
+      }
+      const int n = int(size);
       ex.begin_group(n);
       ex.alloc(x);
       ex.alloc(delta);
@@ -68,7 +73,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
 }  // namespace
 
 void advantages_cpu(const at::Tensor& values, const at::Tensor& offsets, const at::Tensor& deltas,
-                    const Params& p, at::Tensor& out) {
+                    const Params& p, at::Tensor& out, int64_t max_group_size) {
   const int64_t num_groups = offsets.numel() - 1;
   const int64_t total = values.numel();
   const int64_t* off = offsets.data_ptr<int64_t>();
@@ -79,7 +84,7 @@ void advantages_cpu(const at::Tensor& values, const at::Tensor& offsets, const a
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "bonkernels_advantages_cpu", [&] {
     run_groups<scalar_t>(values.data_ptr<scalar_t>(), off, deltas.defined() ? deltas.data_ptr<scalar_t>() : nullptr,
-                         out.data_ptr<scalar_t>(), num_groups, total, p);
+                         out.data_ptr<scalar_t>(), num_groups, total, p, max_group_size);
   });
 }
 

@@ -7,6 +7,10 @@
 //   * n <= 4096: block executor, one block per group: cub::BlockRadixSort, then per-thread serial
 //                scans over ITEMS consecutive ranks combined across threads with shuffles and a
 //                tiny shared array of warp totals (no bank conflicts: one word per warp).
+// Safety with check_inputs=False (guards.h): every group is classified from its offsets before any
+// read (malformed or larger than the launch's bound: NaN-filled inside the output, nothing read);
+// a group with a NaN/inf reward (or raw delta) is NaN-filled by source index; every store goes
+// to base + a source index < n, never to a position derived from the sort alone.
 // The per-group mathematics is bk::compute_group (group_math.h), shared with the CPU kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,6 +21,7 @@
 
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
+#include "cuda/guards.h"
 #include "cuda/launch.h"
 
 namespace bk {
@@ -149,17 +154,28 @@ struct WarpExec {
     return r;
   }
 
+  template <class Pred>
+  __device__ __forceinline__ bool any(Pred pred) {
+    return __any_sync(mask, lane < n && pred(0, lane + 1)) != 0;
+  }
+
   __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<WarpExec, false>(*this, N, K, at, at); }
   __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
     weights_by_scan<WarpExec, true>(*this, N, K, at, prev);
   }
+  // Bank mode reads the block in global memory at each use (no registers held per table row).
+  template <class Body>
+  __device__ __forceinline__ bool tables(const Params& p, int code, int k, Body body) {
+    return with_tables(*this, p, code, k, body);
+  }
 
   __device__ __forceinline__ void emit(int, double v) {
-    if (lane < n) store_value(dtype, out, base + idx, v);
+    if (max(lane, idx) < n) store_value(dtype, out, base + idx, v);  // idx: the source index, < n
   }
 };
 
-// Bitonic sort of (key, idx) across the W lanes of a segment, ascending; ties by idx.
+// Bitonic sort of (key, idx) across the W lanes of a segment, ascending, in the total order of
+// guards.h (key bits, then idx): a permutation of the lanes for any keys, NaN included.
 template <int W>
 __device__ __forceinline__ void segment_bitonic_sort(unsigned mask, int lane, double& key, int& idx) {
   BK_UNROLL
@@ -168,11 +184,7 @@ __device__ __forceinline__ void segment_bitonic_sort(unsigned mask, int lane, do
     for (int stride = size / 2; stride > 0; stride >>= 1) {
       const double pk = __shfl_xor_sync(mask, key, stride, W);
       const int pi = __shfl_xor_sync(mask, idx, stride, W);
-      const bool ascending = (lane & size) == 0;
-      const bool lower = (lane & stride) == 0;
-      const bool partner_less = pk < key || (pk == key && pi < idx);
-      const bool take_partner = (lower == ascending) ? partner_less : !partner_less;
-      if (take_partner) {
+      if (bitonic_take_partner(lane, size, stride, key, idx, pk, pi)) {
         key = pk;
         idx = pi;
       }
@@ -180,11 +192,22 @@ __device__ __forceinline__ void segment_bitonic_sort(unsigned mask, int lane, do
   }
 }
 
+// NaN into out[lo, hi) (a span from classify_group: inside the output), `step` threads from `first`.
+__device__ __forceinline__ void nan_fill(int dtype, void* out, int64_t lo, int64_t hi, int first, int step) {
+  for (int64_t i = lo + first; i < hi; i += step) store_value(dtype, out, i, BK_NAN);
+}
+
+// Whether a group's loaded inputs break the NaN contract: any lane of the segment (every lane of
+// the segment calls this, with its own flag).
+__device__ __forceinline__ bool segment_any(unsigned mask, bool flag) {
+  return (__ballot_sync(mask, flag) & mask) != 0u;
+}
+
 template <int W>
 __global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __restrict__ values,
                                                    const int64_t* __restrict__ offsets,
                                                    const void* __restrict__ deltas, void* __restrict__ out,
-                                                   int64_t num_groups, Params p) {
+                                                   int64_t num_groups, int64_t total, Params p) {
   const int lane32 = threadIdx.x & 31;
   const int lane = lane32 % W;
   const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / W;
@@ -193,23 +216,32 @@ __global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __rest
   ex.mask = (W == 32) ? 0xffffffffu : (((1u << W) - 1u) << (lane32 - lane));
   ex.n = 0;
   ex.base = 0;
-  if (g < num_groups) {
-    ex.base = offsets[g];
-    const int64_t size = offsets[g + 1] - ex.base;
-    ex.n = int(size);
-    if (size > W) {  // the max_group_size hint was wrong: mark the group instead of reading past it
-      for (int64_t i = lane; i < size; i += W) store_value(dtype, out, ex.base + i, BK_NAN);
-      ex.n = 0;
+  if (g < num_groups) {  // uniform per segment
+    const GroupSpan span = classify_group(offsets[g], offsets[g + 1], total, W);
+    if (span.action == GROUP_COMPUTE) {
+      ex.base = span.lo;
+      ex.n = int(span.hi - span.lo);
+    } else if (span.action == GROUP_NAN_FILL) {
+      nan_fill(dtype, out, span.lo, span.hi, lane, W);
     }
   }
   ex.out = out;
   ex.dtype = dtype;
-  double key = lane < ex.n ? load_value(dtype, values, ex.base + lane) : BK_INF;
+  const bool mine = lane < ex.n;  // this lane holds source index `lane` of the group
+  double key = mine ? load_value(dtype, values, ex.base + lane) : BK_INF;
+  bool bad = mine && !finite_value(key);
+  if (needs_deltas(p.code) && deltas != nullptr && mine) bad = bad || !finite_value(load_value(dtype, deltas, ex.base + lane));
+  if (segment_any(ex.mask, bad)) {  // the NaN contract: every sample of the group, by source index
+    if (mine) store_value(dtype, out, ex.base + lane, BK_NAN);
+    ex.n = 0;
+    key = BK_INF;
+  }
   int idx = lane;
   segment_bitonic_sort<W>(ex.mask, lane, key, idx);
   ex.idx = idx;
   typename WarpExec<W>::Vec x, delta;
   x[0] = key;
+  // (lane < n implies idx < n: the sort is a permutation and every real key is below the padding)
   delta[0] = (needs_deltas(p.code) && deltas != nullptr && lane < ex.n) ? load_delta(dtype, deltas, ex.base + idx, p) : 0.0;
   compute_group(ex, p, x, delta);
 }
@@ -370,13 +402,25 @@ struct BlockExec {
     return all;  // same order on every thread: identical values everywhere
   }
 
+  template <class Pred>
+  __device__ __forceinline__ bool any(Pred pred) {
+    int mine = 0;
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s) mine |= (first + s < n && pred(s, first + s + 1)) ? 1 : 0;
+    return __syncthreads_or(mine) != 0;
+  }
+
   __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<BlockExec, false>(*this, N, K, at, at); }
   __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
     weights_by_scan<BlockExec, true>(*this, N, K, at, prev);
   }
+  template <class Body>
+  __device__ __forceinline__ bool tables(const Params& p, int code, int k, Body body) {
+    return with_tables(*this, p, code, k, body);
+  }
 
   __device__ __forceinline__ void emit(int s, double v) {
-    if (first + s < n) store_value(dtype, out, base + idx[s], v);
+    if (max(first + s, idx[s]) < n) store_value(dtype, out, base + idx[s], v);  // idx: the source index, < n
   }
 };
 
@@ -384,7 +428,7 @@ template <int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* __restrict__ values,
                                                       const int64_t* __restrict__ offsets,
                                                       const void* __restrict__ deltas, void* __restrict__ out,
-                                                      int64_t num_groups, Params p) {
+                                                      int64_t num_groups, int64_t total, Params p) {
   using Sort = cub::BlockRadixSort<double, BLOCK, ITEMS, int>;
   __shared__ union {
     typename Sort::TempStorage sort;
@@ -392,26 +436,39 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
   } smem;
   const int64_t g = blockIdx.x;
   if (g >= num_groups) return;  // uniform per block
+  const GroupSpan span = classify_group(offsets[g], offsets[g + 1], total, int64_t(BLOCK) * ITEMS);
+  if (span.action != GROUP_COMPUTE) {  // uniform per block
+    if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, threadIdx.x, BLOCK);
+    return;
+  }
   BlockExec<BLOCK, ITEMS> ex;
-  ex.base = offsets[g];
-  const int64_t size = offsets[g + 1] - ex.base;
+  ex.base = span.lo;
+  ex.n = int(span.hi - span.lo);
   ex.out = out;
   ex.dtype = dtype;
   ex.scratch = &smem.scan;
   ex.first = threadIdx.x * ITEMS;
-  if (size > int64_t(BLOCK) * ITEMS) {  // wrong max_group_size hint: mark the group
-    for (int64_t i = threadIdx.x; i < size; i += BLOCK) store_value(dtype, out, ex.base + i, BK_NAN);
-    return;
-  }
-  ex.n = int(size);
-  if (ex.n == 0) return;
   // Striped, coalesced loads; the sort leaves a blocked arrangement (rank = first + s).
   double keys[ITEMS];
+  bool bad = false;
+  const bool check_deltas = needs_deltas(p.code) && deltas != nullptr;
   BK_UNROLL
   for (int s = 0; s < ITEMS; ++s) {
     const int i = s * BLOCK + threadIdx.x;
     keys[s] = i < ex.n ? load_value(dtype, values, ex.base + i) : BK_INF;
+    bad = bad || (i < ex.n && !finite_value(keys[s]));
+    if (check_deltas && i < ex.n) bad = bad || !finite_value(load_value(dtype, deltas, ex.base + i));
     ex.idx[s] = i;
+  }
+  // A NaN would sort past the +inf padding (radix order) and a real +inf could tie with it: such a
+  // group is NaN-filled by source index instead (the NaN contract), before any sort.
+  if (__syncthreads_or(bad)) {
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s) {
+      const int i = s * BLOCK + threadIdx.x;
+      if (i < ex.n) store_value(dtype, out, ex.base + i, BK_NAN);
+    }
+    return;
   }
   Sort(smem.sort).Sort(keys, ex.idx);
   __syncthreads();  // the scan scratch aliases the sort storage
@@ -420,7 +477,8 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
   BK_UNROLL
   for (int s = 0; s < ITEMS; ++s) {
     x[s] = keys[s];
-    delta[s] = (off_policy && ex.first + s < ex.n) ? load_delta(dtype, deltas, ex.base + ex.idx[s], p) : 0.0;
+    delta[s] = (off_policy && max(ex.first + s, ex.idx[s]) < ex.n) ? load_delta(dtype, deltas, ex.base + ex.idx[s], p)
+                                                                    : 0.0;
   }
   compute_group(ex, p, x, delta);
 }
@@ -430,8 +488,8 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 template <class Kernel>
 cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, int dtype,
                    const void* values, const int64_t* offsets, const void* deltas, void* out, int64_t num_groups,
-                   const Params& p) {
-  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, p);
+                   int64_t total, const Params& p) {
+  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p);
   return cudaGetLastError();
 }
 
@@ -439,11 +497,11 @@ cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_
 }  // namespace bk
 
 extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* offsets, const void* deltas, void* out,
-                                  int64_t num_groups, int max_group_size, bk::Params params, void* stream_ptr,
-                                  char* err, int errlen) {
+                                  int64_t total, int64_t num_groups, int max_group_size, bk::Params params,
+                                  void* stream_ptr, char* err, int errlen) {
   using namespace bk::cuda;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  if (num_groups <= 0) return 0;
+  if (num_groups <= 0 || total <= 0) return 0;
   if (max_group_size > BK_CUDA_MAX_GROUP || max_group_size < 0) {
     if (err) snprintf(err, errlen, "max_group_size %d outside [0, %d]", max_group_size, BK_CUDA_MAX_GROUP);
     return int(cudaErrorInvalidValue);
@@ -455,7 +513,7 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   const int n = max_group_size;
   cudaError_t rc;
   auto warp_blocks = [&](int w) { return unsigned((num_groups * w + 255) / 256); };
-#define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, params
+#define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   if (n <= 8) rc = launch(warp_kernel<8>, warp_blocks(8), 256, BK_ARGS);
   else if (n <= 16) rc = launch(warp_kernel<16>, warp_blocks(16), 256, BK_ARGS);
   else if (n <= 32) rc = launch(warp_kernel<32>, warp_blocks(32), 256, BK_ARGS);

@@ -27,17 +27,19 @@ void expect_close(double got, double want, double tol, const char* what, int n, 
 struct ScanTablesExec : bk::SerialExec {
   void weights(int N, int K, Vec& at) { bk::weights_by_scan<ScanTablesExec, false>(*this, N, K, at, at); }
   void weights2(int N, int K, Vec& at, Vec& prev) { bk::weights_by_scan<ScanTablesExec, true>(*this, N, K, at, prev); }
+  template <class Body>
+  bool tables(const bk::Params& p, int code, int k, Body body) { return bk::with_tables(*this, p, code, k, body); }
 };
 
 // Run one estimator on one group (any order); values back in the original order, natural scale.
 template <class Ex>
 std::vector<double> run(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
-                        double eps = 1e-6) {
+                        double eps = 1e-6, const bk::Params* base = nullptr) {
   const int n = int(g.size());
   bk::Params p{};
+  if (base) p = *base;
   p.k = k;
   p.code = code;
-  p.small_groups = 0;
   p.has_clamp = 0;
   p.clip_lo = -INFINITY;
   p.clip_hi = INFINITY;
@@ -213,6 +215,7 @@ void check_group(const std::vector<double>& g, const std::vector<double>& delta,
   auto grpo = run<Ex>(bk::GRPO, g, {}, 1, 1e-6);
   auto rloo = run<Ex>(bk::RLOO, g, {}, 1);
   auto dr = run<Ex>(bk::DR_GRPO, g, {}, 1);
+  auto mrl = run<Ex>(bk::MAXRL, g, {}, 1);
   auto z = zscore(g, 1e-6, 0.0);
   for (int i = 0; i < n; ++i) {
     double others_max = -INFINITY, others_sum = 0;
@@ -224,6 +227,7 @@ void check_group(const std::vector<double>& g, const std::vector<double>& delta,
     expect_close(grpo[i], z[i], 1e-9, "grpo", n, 0, i);
     expect_close(rloo[i], n > 1 ? g[i] - others_sum / (n - 1) : 0.0, 1e-13, "rloo", n, 0, i);
     expect_close(dr[i], g[i] - m, 1e-14, "dr_grpo", n, 0, i);
+    if (std::fabs(m) > 1e-3) expect_close(mrl[i], (g[i] - m) / m, 1e-12, "maxrl", n, 0, i);
   }
 }
 
@@ -252,6 +256,161 @@ void check_rules() {
   expect_close(bk::finish_value(p, 1, 5.0, false), 0.2, 0, "clip hi", 1, 0, 0);
   expect_close(bk::finish_value(p, 1, -5.0, false), -0.1, 0, "clip lo", 1, 0, 0);
   expect_close(bk::native_supports(bk::MAXK_OFFPOLICY_EXACT), 0, 0, "exact is reference-only", 0, 0, 0);
+}
+
+// Constant groups give exactly 0 for every estimator that centres or z-scores, at every eps
+// including 0; the z-score survives values near the largest double and subnormal residues.
+void check_constant_and_extremes() {
+  const int centred[] = {bk::GRPO, bk::RLOO, bk::DR_GRPO, bk::BON_MEAN, bk::BON_MAX_MEAN, bk::MAXRL};
+  for (int n = 1; n <= 40; ++n)
+    for (double v : {0.5402, -3.1, 1e-3, 0.0, 7.25, 1e300, -1.7e308})
+      for (double eps : {0.0, 1e-6})
+        for (int code : centred) {
+          auto a = run<bk::SerialExec>(code, std::vector<double>(n, v), {}, 1 + n / 3, eps);
+          for (int i = 0; i < n; ++i) expect_close(a[i], 0.0, 0.0, "constant group", n, code, i);
+        }
+  for (int n = 1; n <= 12; ++n)
+    for (double v : {0.0, 1.0})
+      for (int k = 1; k <= n; ++k) {
+        auto a = run<bk::SerialExec>(bk::CHEN_PASSK, std::vector<double>(n, v), {}, k, 0.0);
+        for (int i = 0; i < n; ++i) expect_close(a[i], 0.0, 0.0, "constant chen_passk", n, k, i);
+      }
+  auto z = run<bk::SerialExec>(bk::GRPO, {1.7e308, -1.7e308, 0.0, 1.0}, {}, 1, 0.0);
+  const double sd = 1.7e308 * std::sqrt(2.0 / 3.0);  // the residues 0.25 and 0.75 vanish next to 1.7e308
+  expect_close(z[0], (1.7e308 - 0.25) / sd, 1e-14, "grpo near DBL_MAX", 4, 0, 0);
+  expect_close(z[1], (-1.7e308 - 0.25) / sd, 1e-14, "grpo near DBL_MAX", 4, 0, 1);
+  z = run<bk::SerialExec>(bk::GRPO, {1.7e308, -1.7e308, -1.7e308, -1.7e308}, {}, 1, 0.0);
+  expect_close(z[0], 1.5, 1e-14, "grpo spread above DBL_MAX", 4, 0, 0);
+  expect_close(z[3], -0.5, 1e-14, "grpo spread above DBL_MAX", 4, 0, 3);
+  z = run<bk::SerialExec>(bk::GRPO, {1e-310, 3e-310, 2e-310}, {}, 1, 0.0);
+  expect_close(z[1], 1.0, 1e-12, "grpo subnormal residues", 3, 0, 1);
+}
+
+// Non-finite inputs (checks off): every estimator gives NaN for every sample of the group, and the
+// CPU sorts keep every slot exactly once with NaN keys (std::sort with `<` may not).
+void check_non_finite() {
+  for (int n : {1, 2, 5, 24, 25, 29, 32, 33, 70}) {
+    for (double bad : {double(NAN), double(INFINITY), -double(INFINITY)}) {
+      std::vector<double> g(n), delta(n, 0.1);
+      for (int i = 0; i < n; ++i) g[i] = (i * 7 % 5) * 0.25;
+      g[n / 2] = bad;
+      if (n > 3) g[0] = -double(NAN);  // a negative NaN too
+      for (int code = 0; code < bk::NUM_CODES; ++code) {
+        if (!bk::native_supports(code)) continue;
+        for (int b : {0, 1}) {
+          if (b == 1 && !bk::needs_deltas(code)) continue;
+          std::vector<double> gg = g, dd = delta;
+          if (b == 1) gg = std::vector<double>(n, 0.5), dd[n - 1] = bad;  // a bad delta only
+          for (double v : run<bk::SerialExec>(code, gg, dd, 1)) expect_close(v, NAN, 0.0, "non-finite group", n, code, 0);
+        }
+      }
+      std::vector<std::pair<double, int32_t>> pairs(n);
+      std::vector<std::pair<uint64_t, int32_t>> buf;
+      for (int with_buf = 0; with_buf < 2; ++with_buf) {
+        for (int i = 0; i < n; ++i) pairs[i] = {i % 3 == 0 ? double(NAN) : g[i], i};
+        bk::sort_pairs(pairs.data(), n, with_buf ? &buf : nullptr);
+        std::vector<int> seen(n, 0);
+        for (auto& pr : pairs) seen[pr.second]++;
+        for (int i = 0; i < n; ++i) expect_close(seen[i], 1, 0.0, "sort with NaN keys is a permutation", n, 0, i);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- mixture bank (spec 12)
+
+// d^(n,k)_j, j = 1..n (index j - 1), from binomials: independent of the kernel's recurrence.
+std::vector<double> d_table(int n, int k, int width) {
+  std::vector<double> d(width, 0.0);
+  if (k < 1) return d;
+  for (int j = 1; j <= n && j <= width; ++j) d[j - 1] = binom(j - 1, k - 1) / binom(n, k);
+  return d;
+}
+
+// One block of the bank for groups of size n, following the layout of the backend interface:
+// D, O, Q, B, Bp (n each), W1; weights w[k-1] for k = 1..T, folded to the group's limit ("clamp").
+std::vector<double> bank_block(int code, int n, const std::vector<double>& w) {
+  std::vector<double> blk(5 * n + 1, 0.0);
+  const int limit = n - bk::k_margin(code);
+  std::vector<double> wf(n + 1, 0.0);  // folded weights by k
+  for (int k = 1; k <= int(w.size()); ++k)
+    if (limit >= 1) wf[std::min(k, limit)] += w[k - 1];
+  for (int k = 1; k <= n; ++k) {
+    if (wf[k] == 0.0) continue;
+    const bool loo1 = code == bk::MAXK_LOO1;
+    if (loo1 && k == 1) {
+      blk[5 * n] += wf[1];
+      continue;
+    }
+    const auto d = d_table(n, k, n);
+    for (int j = 1; j <= n; ++j) {
+      const double o = j >= 2 ? d[j - 1] * (k - 1) / (j - 1) : 0.0;
+      const double q = j >= 3 ? o * (k - 2) / (j - 2) : 0.0;
+      blk[j - 1] += wf[k] * d[j - 1];
+      blk[n + j - 1] += wf[k] * std::max(o, 0.0);
+      blk[2 * n + j - 1] += wf[k] * std::max(q, 0.0);
+    }
+    if (code == bk::MAXK_LOO || code == bk::MAXK_LOO_CENTERED) {
+      const double c = double(k) / (code == bk::MAXK_LOO ? n - 1 : n);
+      const auto r = d_table(n - 1, k, n);
+      for (int j = 1; j <= n; ++j) {
+        blk[3 * n + j - 1] += wf[k] * c * r[j - 1];
+        blk[4 * n + j - 1] += j >= 2 ? wf[k] * c * r[j - 2] : 0.0;
+      }
+    } else if (loo1) {
+      const auto r = d_table(n - 1, k - 1, n);
+      for (int j = 1; j <= n; ++j) blk[3 * n + j - 1] += wf[k] * double(k) / n * r[j - 1];
+    }
+  }
+  return blk;
+}
+
+// A bank call equals the weighted sum of single-k calls with small_groups = "clamp"; a missing or
+// truncated block gives NaN; k is ignored.
+void check_bank() {
+  std::mt19937_64 rng(2026);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  const int codes[] = {bk::MAXK, bk::PASSK, bk::MAXK_LOO, bk::MAXK_LOO_CENTERED, bk::MAXK_LOO1, bk::MAXK_OFFPOLICY};
+  const std::vector<std::vector<double>> mixes = {{1.0}, {0.0, 1.0}, {1.0, 0.5, 1.0 / 3, 0.25}, {0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.7}};
+  for (int code : codes)
+    for (const auto& w : mixes)
+      for (int n = 1; n <= 9; ++n) {
+        std::vector<double> g(n), delta(n);
+        for (int i = 0; i < n; ++i) {
+          g[i] = code == bk::PASSK ? double(uni(rng) > 0) : std::round(uni(rng) * 4) / 4;
+          delta[i] = 0.3 * uni(rng);
+        }
+        const auto blk = bank_block(code, n, w);
+        std::vector<int64_t> index(n + 1, -1);
+        std::vector<double> bank(3, 99.0);  // the block does not start at 0
+        index[n] = int64_t(bank.size());
+        bank.insert(bank.end(), blk.begin(), blk.end());
+        bk::Params base{};
+        base.small_groups = 2;
+        base.bank = bank.data();
+        base.bank_index = index.data();
+        base.bank_len = int64_t(bank.size());
+        base.bank_index_len = int64_t(index.size());
+        const auto got = run<bk::SerialExec>(code, g, delta, 5, 1e-6, &base);
+        const auto scan = run<ScanTablesExec>(code, g, delta, 1, 1e-6, &base);
+        bk::Params single{};
+        single.small_groups = 2;
+        std::vector<double> want(n, 0.0);
+        for (int k = 1; k <= int(w.size()); ++k) {
+          if (w[k - 1] == 0.0) continue;
+          const auto a = run<bk::SerialExec>(code, g, delta, k, 1e-6, &single);
+          for (int i = 0; i < n; ++i) want[i] += w[k - 1] * a[i];
+        }
+        for (int i = 0; i < n; ++i) {
+          expect_close(got[i], want[i], 1e-12, "bank = weighted single-k sum", n, code, i);
+          expect_close(scan[i], got[i], 0.0, "bank on the scan executor", n, code, i);
+        }
+        base.bank_len = int64_t(bank.size()) - 1;  // truncated: the block's W1 is missing
+        for (double v : run<bk::SerialExec>(code, g, delta, 1, 1e-6, &base)) expect_close(v, NAN, 0.0, "truncated bank", n, code, 0);
+        index[n] = -1;  // no block for this size
+        base.bank_len = int64_t(bank.size());
+        for (double v : run<bk::SerialExec>(code, g, delta, 1, 1e-6, &base)) expect_close(v, NAN, 0.0, "missing block", n, code, 0);
+      }
 }
 
 }  // namespace
@@ -329,7 +488,43 @@ void check_refinements() {
   expect_close(bk::div_refine(NAN, 2.0, 0.5), NAN, 0.0, "nan / b", 0, 0, 0);
 }
 
+// The GPU's rcp.approx.ftz.f64 as far as bk_div depends on it: about 20 good bits, subnormal
+// inputs flushed to 0 (1/x = inf), subnormal results flushed to 0.
+double rcp_ftz_emulated(double x) {
+  if (x == 0.0 || std::fabs(x) < 0x1p-1022) return std::copysign(INFINITY, x);
+  const double r = 1.0 / x;
+  if (std::fabs(r) < 0x1p-1022) return std::copysign(0.0, r);
+  if (std::isinf(r)) return r;
+  return bk::bits_to_double(bk::double_to_bits(r) & ~((uint64_t(1) << 32) - 1));
+}
+
+// bk_div's device path (div_with_estimate over the flush-to-zero estimate) against IEEE a / b, on
+// subnormal, tiny, huge and ordinary denominators: correct within an ulp, never NaN.
+void check_division_ftz() {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> expo_b(-1074, 1023), expo_a(-200, 200);
+  bool refine_alone_fails = false;
+  for (int i = 0; i < 200000; ++i) {
+    const double b = std::ldexp(mant(rng), expo_b(rng)) * (i % 3 ? 1 : -1);
+    const double a = std::ldexp(mant(rng), expo_a(rng)) * (i % 2 ? -1 : 1);
+    const double want = a / b;
+    const double got = bk::div_with_estimate(a, b, rcp_ftz_emulated);
+    if (std::fabs(b) < 0x1p-1022 && std::isnan(bk::div_refine(a, b, rcp_ftz_emulated(b)))) refine_alone_fails = true;
+    const bool ok = got == want || std::fabs(got - want) <= 2.3e-16 * std::fabs(want) ||
+                    (std::fabs(want) < 0x1p-1000 && std::fabs(got - want) <= 0x1p-1074 * 4);
+    if (!ok) expect_close(got, want, 0.0, "div_with_estimate (ftz)", 0, 0, i);
+  }
+  expect_close(refine_alone_fails, 1, 0.0, "a subnormal b breaks the unscaled refinement", 0, 0, 0);
+  expect_close(bk::div_with_estimate(1.0, 4.9e-324, rcp_ftz_emulated), INFINITY, 0.0, "1 / min subnormal", 0, 0, 0);
+  expect_close(bk::div_with_estimate(1e-310, 2e-310, rcp_ftz_emulated), 0.5, 0.0, "subnormal / subnormal", 0, 0, 0);
+  expect_close(bk::div_with_estimate(3.0, 0.0, rcp_ftz_emulated), INFINITY, 0.0, "a / 0 (ftz)", 0, 0, 0);
+  expect_close(bk::div_with_estimate(3.0, INFINITY, rcp_ftz_emulated), 0.0, 0.0, "a / inf (ftz)", 0, 0, 0);
+  expect_close(bk::div_with_estimate(1e300, 1.5e308, rcp_ftz_emulated), 1e300 / 1.5e308, 2.3e-16, "a / huge", 0, 0, 0);
+}
+
 int main() {
+  check_division_ftz();
   check_sorts();
   check_refinements();
   std::mt19937_64 rng(12345);
@@ -350,6 +545,9 @@ int main() {
     }
   }
   check_rules();
+  check_constant_and_extremes();
+  check_bank();
+  check_non_finite();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define BK_HD __host__ __device__ __forceinline__
@@ -21,29 +23,11 @@
 #define BK_INF (static_cast<double>(INFINITY))
 #define BK_NAN (static_cast<double>(NAN))
 
-namespace bk {
+// The estimator codes and predicates (natural_scale_is_mean, uses_k, k_margin, needs_deltas,
+// order_free, native_supports), generated from bonkernels/estimators.py.
+#include "bonkernels/estimator_facts.h"
 
-// Integer codes: must agree with bonkernels/estimators.py (python_tests/test_native.py checks).
-enum Code : int {
-  MAXK = 0,
-  MAXK_LOO = 1,
-  MAXK_LOO_CENTERED = 2,
-  MAXK_LOO1 = 3,
-  MAXK_OFFPOLICY = 4,
-  MAXK_OFFPOLICY_EXACT = 5,  // reference-only: the native backends refuse it
-  PASSK = 6,
-  TANG_LOO = 7,
-  BON_MAX_MEAN = 8,
-  BON_MAX_SECOND = 9,
-  BON_MEAN = 10,
-  CHEN_PASSK = 11,
-  BON_RLB = 12,
-  BON_RLB_POS = 13,
-  GRPO = 14,
-  RLOO = 15,
-  DR_GRPO = 16,
-  NUM_CODES = 17
-};
+namespace bk {
 
 // Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
 constexpr double kZscoreConstantRtol = 1e-10;
@@ -60,10 +44,43 @@ BK_HD double div_refine(double a, double b, double r0) {
   return ::fabs(q1) < BK_INF ? q1 : q0;
 }
 
+// a / b from an estimator rcp(x) of 1/x that is only good (~20 bits) for |x| in [2^-1000, 2^1000]:
+// the GPU's rcp.approx.ftz flushes subnormal inputs (1/b -> inf: div_refine would give NaN) and
+// subnormal results (1/b -> 0). A finite b outside that range is first brought inside by an exact
+// power of two, applied to a as well; a * s over- or underflows only where a / b does too.
+// Host-testable with an emulated estimator.
+template <class Rcp>
+BK_HD double div_with_estimate(double a, double b, Rcp rcp) {
+  double r0 = rcp(b);
+  const double m = ::fabs(b);
+  if (!(m >= 0x1p-1000 && m <= 0x1p1000) && m != 0.0 && m < BK_INF) {  // rare: rescale
+    const double s = m < 1.0 ? 0x1p600 : 0x1p-600;
+    a *= s;
+    b *= s;
+    r0 = rcp(b);
+  }
+  return div_refine(a, b, r0);
+}
+
 // a / b in the per-element paths. On the GPU, IEEE double division is an out-of-line ptxas
 // subroutine whose calling convention costs stack and register spills; the hardware reciprocal
 // estimate refined by div_refine stays inline.
 BK_HD double bk_div(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return div_with_estimate(a, b, [](double x) {
+    double r0;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(x));
+    return r0;
+  });
+#else
+  return a / b;
+#endif
+}
+
+// a / b for a denominator known to lie in [2^-1000, 2^1000] or to be 0 (a count such as n or j - 1,
+// a power-of-two scale, a value rescaled by pow2_scale): the estimate needs no rescaling, so the
+// per-element paths stay lean (bk_div's rescaling there costs registers in the largest kernels).
+BK_HD double bk_div_moderate(double a, double b) {
 #if defined(__CUDA_ARCH__)
   double r0;
   asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(b));
@@ -100,6 +117,40 @@ BK_HD double bk_sqrt(double x) {
 #endif
 }
 
+BK_HD double bits_to_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof(d));
+  return d;
+#endif
+}
+
+BK_HD uint64_t double_to_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof(u));
+  return u;
+#endif
+}
+
+// An exact power-of-two rescaling of magnitudes up to a (a >= 0): a * shrink lies in [1, 4)
+// (subnormal a: well inside the normal range) and grow = 1 / shrink, both powers of two. Squares of values scaled so
+// neither overflow nor underflow; zero, inf and NaN get 1 (nothing to rescale).
+struct Pow2Scale {
+  double shrink, grow;
+};
+BK_HD Pow2Scale pow2_scale(double a) {
+  const int E = int((double_to_bits(a) >> 52) & 0x7ff);  // biased exponent
+  if (a == 0.0 || E == 0x7ff) return {1.0, 1.0};
+  if (E == 0) return {0x1p600, 0x1p-600};
+  const int inverse = E < 2046 ? 2046 - E : 1;  // biased exponent of 2^-(E-1023), at least 2^-1022
+  return {bits_to_double(uint64_t(inverse) << 52), bits_to_double(uint64_t(2046 - inverse) << 52)};
+}
+
 // One call's scalar arguments, as the backend interface passes them (docs/conventions.md).
 struct Params {
   int k;             // requested k (>= 1)
@@ -110,27 +161,13 @@ struct Params {
   double clip_lo, clip_hi;
   int mean_scale;    // 1: output n_g * (sum-scale value)
   double eps;
+  // Mixture-table bank (spec 12), on the values' device; null without k weights. Block of groups
+  // of size n at bank + bank_index[n] (-1: none): D, O, Q, B, Bp (n each) and W1 (group_math.h).
+  const double* bank;
+  const int64_t* bank_index;
+  int64_t bank_len;        // entries in bank
+  int64_t bank_index_len;  // entries in bank_index (largest group size + 1)
 };
-
-BK_HD bool natural_scale_is_mean(int code) { return code >= BON_MAX_MEAN; }
-
-BK_HD bool uses_k(int code) {
-  return !(code == TANG_LOO || code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO ||
-           code == RLOO || code == DR_GRPO);
-}
-
-BK_HD int k_margin(int code) { return (code == MAXK_LOO || code == MAXK_LOO_CENTERED) ? 1 : 0; }
-
-BK_HD bool needs_deltas(int code) { return code == MAXK_OFFPOLICY || code == MAXK_OFFPOLICY_EXACT; }
-
-// Estimators whose formula uses only group reductions and the sample's own value: no sort needed.
-BK_HD bool order_free(int code) {
-  return code == BON_MAX_MEAN || code == BON_MAX_SECOND || code == GRPO || code == RLOO || code == DR_GRPO;
-}
-
-BK_HD bool native_supports(int code) {
-  return code >= 0 && code < NUM_CODES && code != MAXK_OFFPOLICY_EXACT;
-}
 
 // The k a group of size n actually uses, and whether its outputs are forced to 0 (too-small rule).
 struct GroupK {
@@ -158,7 +195,7 @@ BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
   double a = natural;
   const bool mean_natural = natural_scale_is_mean(p.code);
   if (p.mean_scale && !mean_natural) a = a * n;
-  else if (!p.mean_scale && mean_natural) a = bk_div(a, double(n < 1 ? 1 : n));
+  else if (!p.mean_scale && mean_natural) a = bk_div_moderate(a, double(n < 1 ? 1 : n));
   if (zero) a = 0.0;
   if (a < p.clip_lo) a = p.clip_lo;
   if (a > p.clip_hi) a = p.clip_hi;
@@ -212,7 +249,7 @@ BK_UNROLL
 
 // Downward ratio recurrence factor of spec 0.1: d_{t-1} = d_t * (t-K)/(t-1), for 2 <= t <= N.
 BK_HD double table_factor(int t, int N, int K) {
-  return (t >= 2 && t <= N) ? bk_div(double(t - K), double(t - 1)) : 1.0;
+  return (t >= 2 && t <= N) ? bk_div_moderate(double(t - K), double(t - 1)) : 1.0;
 }
 
 // base^e for an integer e >= 0 by repeated squaring (a few ulp; avoids pow's out-of-line call
@@ -228,9 +265,9 @@ BK_HD double ipow(double base, int e) {
 }
 
 // o_j = d_j (k-1)/(j-1), q_j = o_j (k-2)/(j-2): position-local, from the d table (spec 0.1).
-BK_HD double o_from_d(double d, int j, int k) { return j >= 2 ? bk_div(d * double(k - 1), double(j - 1)) : 0.0; }
+BK_HD double o_from_d(double d, int j, int k) { return j >= 2 ? bk_div_moderate(d * double(k - 1), double(j - 1)) : 0.0; }
 BK_HD double q_from_o(double o, int j, int k) {
-  const double q = j >= 3 ? bk_div(o * double(k - 2), double(j - 2)) : 0.0;
+  const double q = j >= 3 ? bk_div_moderate(o * double(k - 2), double(j - 2)) : 0.0;
   return q > 0.0 ? q : 0.0;
 }
 

@@ -14,8 +14,11 @@
 //   scan(reverse, id, op, term, consume)         consume(s, j, op-fold of term over ranks before j
 //                                                (after j when reverse)); term(s, j) -> T
 //   reduce(id, op, term) -> T                    op-fold of term(s, j) over the group, on every lane
+//   any(pred) -> bool                            pred(s, j) holds for some slot, on every lane
 //   weights(N, K, at)                            at[s] = d^(N,K)_j (0 for j > N)
 //   weights2(N, K, at, prev)                     also prev[s] = d^(N,K)_{j-1}
+//   tables(p, code, k, body) -> bool            body(t) with the weight tables of a linear estimator
+//                                                (below): one k's, or the call's bank block
 //   emit(s, value)                               the final value of slot s (scattered by the executor)
 // Ranks j are 1-based, as in the spec. Lambdas only ever see valid slots (j <= n).
 #pragma once
@@ -29,7 +32,7 @@ namespace bk {
 // [0, 1] for t > K and the factor at t = K is 0, so nothing overflows (spec 0.1).
 template <class Ex, bool kPrev>
 BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename Ex::Vec& prev) {
-  const double top = bk_div(double(K), double(N < 1 ? 1 : N));
+  const double top = bk_div_moderate(double(K), double(N < 1 ? 1 : N));
   ex.scan(true, 1.0, ProdOp(), [&](int, int j) { return table_factor(j, N, K); },
           [&](int s, int j, double excl) {
             const double a = (j <= N && K >= 1) ? top * excl : 0.0;
@@ -41,39 +44,209 @@ BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename 
           });
 }
 
-// PKPO s_j = d_j x_j + sum_{t>j} o_t x_t (spec 2.2); calls out(s, s_j).
-template <class Ex, class Out>
-BK_HD void maxk_values(Ex& ex, int k, typename Ex::Vec& x, typename Ex::Vec& d, Out out) {
-  ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return o_from_d(d[s], j, k) * x[s]; },
-          [&](int s, int, double suffix) { out(s, d[s] * x[s] + suffix); });
+// The value at rank 1 (slot of the smallest x, or of the first sample for the order-free
+// estimators): a sum with one non-zero term, so it is exact and a NaN or inf passes through.
+template <class Ex, class V>
+BK_HD double first_value(Ex& ex, V& v) {
+  return ex.reduce(0.0, SumOp(), [&](int s, int j) { return j == 1 ? v[s] : 0.0; });
+}
+
+// The group mean as x_0 + mean(x - x_0) around a group element x_0: a constant group's mean is
+// exactly its value, so its residues x - mean are exactly 0 (not rounding noise). When the sum of
+// residues overflows (values near the largest double), everything is first scaled by 2^-64 (an
+// exact rescaling); residue(v) = (v - mean) * shrink then stays finite, whatever the spread.
+struct Centre {
+  double shrink;  // 1, or 2^-64 for extreme values
+  double mean;    // the group mean times shrink
+  BK_HD double residue(double v) const { return v * shrink - mean; }  // (v - mean) * shrink
+};
+
+template <class Ex, class V>
+BK_HD Centre group_centre(Ex& ex, V& v) {
+  const double pivot = first_value(ex, v);
+  double shrink = 1.0;
+  double offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] - pivot; });
+  if (!(::fabs(offset) < BK_INF) && ::fabs(pivot) < BK_INF) {
+    shrink = 0x1p-64;
+    offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] * shrink - pivot * shrink; });
+  }
+  return {shrink, pivot * shrink + bk_div_moderate(offset, double(ex.n))};
+}
+
+// ----------------------------------------------------------------------------- weight tables
+
+// The estimators whose value is linear in their weight tables (spec 12): a mixture over k is the
+// same formula with mixed tables, so these read the call's bank when it has one.
+BK_HD bool reads_weight_tables(int code) {
+  switch (code) {
+    case MAXK:
+    case PASSK:
+    case MAXK_LOO:
+    case MAXK_LOO_CENTERED:
+    case MAXK_LOO1:
+    case MAXK_OFFPOLICY:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The tables of one linear estimator for the current group, at rank j (slot s), in the notation
+// of the bank (spec 12; D, O, Q of spec 0.1):
+//   maxk, passk:       A_j = D_j x_j + sum_{t>j} O_t x_t
+//   maxk_loo(_c):      A_j = D_j x_j + sum_{t>j} O_t x_t - c (sum_{t<j} B_t x_t + sum_{t>j} Bp_t x_t)
+//   maxk_loo1:         A_j = D_j y_j - c sum_{t<j} B_t y_t + W1 (x_j - mean of the others) / n
+//   maxk_offpolicy:    spec 3.2's O(n) form in D, O, Q
+// Two kinds, each formula instantiated for both (no per-sample branch between them):
+//   SingleKTables: one k, from d^(n,k) (D = d, O and Q position-local from it) and d^(n-1,.) (B and
+//                  Bp, with the factor c);
+//   BankTables:    a mixture's block of the call's bank, one load each (c = 1), whatever the number
+//                  of mixture terms.
+template <class Vec>
+struct SingleKTables {
+  Vec d, w, w_prev;  // d^(n,k), and d^(n-1,k') at j and at j - 1
+  int k;
+  double c;          // factor of B and Bp
+  double w1;         // maxk_loo1: weight of the k = 1 term, (x_j - mean of the others) / n
+  bool has_d;        // false for maxk_loo1 at k = 1 (D = B = 0)
+
+  // maxk_loo(_c): B and Bp, once D and O are no longer needed (fewer tables live at a time).
+  template <class Ex>
+  BK_HD void load_leave_one_out(Ex& ex) {
+    ex.weights2(ex.n - 1, k, w, w_prev);  // d(n-1, k) at j and at j - 1
+  }
+
+  BK_HD double D(int s, int) { return has_d ? d[s] : 0.0; }
+  BK_HD double O(int s, int j) { return o_from_d(d[s], j, k); }
+  BK_HD double Q(int s, int j) { return q_from_o(o_from_d(d[s], j, k), j, k); }
+  BK_HD double B(int s, int) { return has_d ? w[s] : 0.0; }
+  BK_HD double Bp(int s, int) { return w_prev[s]; }
+};
+
+struct BankTables {
+  const double* block;  // this group size's block: D, O, Q, B, Bp (n each), W1
+  int n;
+  double c;             // 1: the bank's B and Bp carry their factors
+  double w1;
+
+  template <class Ex>
+  BK_HD void load_leave_one_out(Ex&) {}
+
+  // Row r of the block at rank j; 0 past the group (executors may evaluate padding slots).
+  BK_HD double row(int r, int j) const { return j <= n ? block[r * n + j - 1] : 0.0; }
+  BK_HD double D(int, int j) const { return row(0, j); }
+  BK_HD double O(int, int j) const { return row(1, j); }
+  BK_HD double Q(int, int j) const { return row(2, j); }
+  BK_HD double B(int, int j) const { return row(3, j); }
+  BK_HD double Bp(int, int j) const { return row(4, j); }
+};
+
+// One k's tables through the executor's weights()/weights2().
+template <class Ex, class Vec>
+BK_HD void single_k_tables(Ex& ex, int code, int k, SingleKTables<Vec>& t) {
+  const int n = ex.n;
+  ex.alloc(t.d), ex.alloc(t.w), ex.alloc(t.w_prev);
+  t.k = k;
+  t.c = 1.0;
+  t.w1 = 0.0;
+  t.has_d = true;
+  switch (code) {
+    case MAXK_LOO:
+    case MAXK_LOO_CENTERED:  // maxk_k(x without j) = sum_{t<j} w'_t x_t + sum_{t>j} w'_{t-1} x_t
+      ex.weights(n, k, t.d);  // w' = d(n-1, k): load_leave_one_out
+      t.c = bk_div_moderate(double(k), code == MAXK_LOO ? double(n - 1) : double(n));
+      return;
+    case MAXK_LOO1:  // o_{t+1} = (k/n) d^(n-1,k-1)_t; k = 1 is the RLOO term alone
+      if (k == 1) {
+        t.has_d = false;
+        t.w1 = 1.0;
+        return;
+      }
+      ex.weights(n, k, t.d);
+      ex.weights(n - 1, k - 1, t.w);
+      t.c = bk_div_moderate(double(k), double(n));
+      return;
+    default:
+      ex.weights(n, k, t.d);
+      return;
+  }
+}
+
+// The executors' tables(): runs body(t) with the bank's block for this group size when the call
+// has a bank (BankTables), else with one k's tables (SingleKTables). False, without running body,
+// when the bank has no well-formed block for this size.
+template <class Ex, class Body>
+BK_HD bool with_tables(Ex& ex, const Params& p, int code, int k, Body body) {
+  if (p.bank == nullptr) {
+    SingleKTables<typename Ex::Vec> t;
+    single_k_tables(ex, code, k, t);
+    body(t);
+    return true;
+  }
+  const int n = ex.n;
+  if (int64_t(n) >= p.bank_index_len) return false;
+  const int64_t b = p.bank_index[n];
+  if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return false;
+  BankTables t{p.bank + b, n, 1.0, p.bank[b + 5 * int64_t(n)]};
+  body(t);
+  return true;
+}
+
+// PKPO s_j = D_j x_j + sum_{t>j} O_t x_t (spec 2.2); calls out(s, s_j).
+template <class Ex, class Tables, class Vec, class Out>
+BK_HD void maxk_values(Ex& ex, Tables& t, Vec& x, Out out) {
+  ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return t.O(s, j) * x[s]; },
+          [&](int s, int j, double suffix) { out(s, t.D(s, j) * x[s] + suffix); });
 }
 
 // (v - mean) / (sample std + eps); 0 for singletons and when std <= rtol * max|v| (spec 3.3).
+// Residues are centred on a group element (exactly 0 on a constant group) and rescaled by a power
+// of two of the largest one before squaring, so the std neither overflows nor underflows.
 template <class Ex, class Emit>
 BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emit emit) {
   const int n = ex.n;
-  const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s]; }), double(n));
+  const Centre c = group_centre(ex, v);
+  const double largest = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(c.residue(v[s])); });
+  const Pow2Scale r = pow2_scale(largest);
   const double ss = ex.reduce(0.0, SumOp(), [&](int s, int) {
-    const double c = v[s] - mean;
-    return c * c;
+    const double t = c.residue(v[s]) * r.shrink;
+    return t * t;
   });
-  const double scale = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); });
-  const double sd = bk_sqrt(bk_div(ss, double(n - 1 < 1 ? 1 : n - 1)));
-  const bool constant = n < 2 || sd <= rtol * scale;
-  const double denom = sd + eps;
-  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div(v[s] - mean, denom)); });
+  const double sd_r = bk_sqrt(bk_div_moderate(ss, double(n - 1 < 1 ? 1 : n - 1)));  // std * c.shrink * r.shrink
+  const double scale = rtol > 0.0 ? ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); }) : 0.0;
+  const bool constant = n < 2 || sd_r * r.grow <= rtol * scale * c.shrink;
+  // Numerator and denominator both carry c.shrink * r.shrink: the residues are at most 4 and the
+  // std is at least ~1/n there, so one moderate division per sample suffices. An eps term above
+  // 2^1000 (values below ~2^-998 either way) is capped to keep the estimate in range.
+  const double eps_r = eps * c.shrink * r.shrink;
+  const double denom = sd_r + (eps_r < 0x1p1000 ? eps_r : 0x1p1000);
+  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div_moderate(c.residue(v[s]) * r.shrink, denom)); });
 }
 
 // One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
-// for the order_free estimators (common.h) any order of x is fine.
+// for the order_free estimators (common.h) any order of x is fine. A group holding a NaN may be in
+// any order: it only needs every slot present once.
 // Emits every slot's final value (scale, too-small rule and clip applied).
 template <class Ex>
 BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename Ex::Vec& delta) {
   using Vec = typename Ex::Vec;
   const int n = ex.n;
   if (n <= 0) return;
-  const GroupK gk = effective_k(p.code, n, p.k, p.small_groups);
+  // A NaN or +-inf reward (or delta, off-policy) makes every value of the group NaN (the contract
+  // with input checks off).
+  const bool with_deltas = needs_deltas(p.code);
+  const bool non_finite = ex.any([&](int s, int) {
+    return !(::fabs(x[s]) < BK_INF) || (with_deltas && !(::fabs(delta[s]) < BK_INF));
+  });
+  if (non_finite) {
+    ex.for_each([&](int s, int) { ex.emit(s, BK_NAN); });
+    return;
+  }
+  // With a bank the too-small rule is folded into its tables: k is ignored, no group is zeroed.
+  const bool banked = p.bank != nullptr && reads_weight_tables(p.code);
+  const GroupK gk = banked ? GroupK{1, false} : effective_k(p.code, n, p.k, p.small_groups);
   auto emit = [&](int s, double natural) { ex.emit(s, finish_value(p, n, natural, gk.zero)); };
+  auto fill_nan = [&]() { ex.for_each([&](int s, int) { ex.emit(s, BK_NAN); }); };
   if (gk.zero || !native_supports(p.code)) {
     const double fill = native_supports(p.code) ? 0.0 : BK_NAN;
     ex.for_each([&](int s, int) { emit(s, fill); });
@@ -85,70 +258,66 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
   switch (p.code) {
     case MAXK:
     case PASSK: {  // passk: maxk on {0, 1} rewards (spec 2.1)
-      Vec d;
-      ex.alloc(d);
-      ex.weights(n, k, d);
-      maxk_values(ex, k, x, d, emit);
+      if (!ex.tables(p, p.code, k, [&](auto& t) { maxk_values(ex, t, x, emit); })) fill_nan();
       return;
     }
     case MAXK_LOO:
     case MAXK_LOO_CENTERED: {  // s_j - c * maxk_k(x without j), spec 2.3 (k <= n - 1, so n >= 2)
-      Vec d, s_val, w, w_prev, pre;
-      ex.alloc(d), ex.alloc(s_val), ex.alloc(w), ex.alloc(w_prev), ex.alloc(pre);
-      ex.weights(n, k, d);
-      maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
-      ex.weights2(n - 1, k, w, w_prev);  // w' = d(n-1, k) at j and at j - 1
-      const double c = bk_div(double(k), p.code == MAXK_LOO ? double(n - 1) : nd);
-      ex.scan(false, 0.0, SumOp(), [&](int s, int) { return w[s] * x[s]; },
-              [&](int s, int, double prefix) { pre[s] = prefix; });
-      // maxk(rest of j) = sum_{t<j} w'_t x_t + sum_{t>j} w'_{t-1} x_t
-      ex.scan(true, 0.0, SumOp(), [&](int s, int) { return w_prev[s] * x[s]; },
-              [&](int s, int, double suffix) { emit(s, s_val[s] - c * (pre[s] + suffix)); });
+      Vec a;  // s_j, then minus the prefix part (one Vec: the block kernels are short of registers)
+      ex.alloc(a);
+      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
+        maxk_values(ex, t, x, [&](int s, double v) { a[s] = v; });
+        t.load_leave_one_out(ex);
+        ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * x[s]; },
+                [&](int s, int, double prefix) { a[s] -= t.c * prefix; });
+        ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return t.Bp(s, j) * x[s]; },
+                [&](int s, int, double suffix) { emit(s, a[s] - t.c * suffix); });
+      });
+      if (!ok) fill_nan();
       return;
     }
-    case MAXK_LOO1: {  // spec 2.4
-      if (k == 1) {    // (x_j - mean of the others) / n; 0 for a singleton
-        const double total = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-        ex.for_each([&](int s, int) {
-          const double others = bk_div(total - x[s], double(n - 1 < 1 ? 1 : n - 1));
-          emit(s, n > 1 ? bk_div(x[s] - others, nd) : 0.0);
-        });
-        return;
-      }
-      // d_j y_j - sum_{t<j} o_{t+1} y_t with y = x - x_(1); o_{t+1} = (k/n) d^(n-1,k-1)_t.
-      Vec d, o_next;
-      ex.alloc(d), ex.alloc(o_next);
-      ex.weights(n, k, d);
-      ex.weights(n - 1, k - 1, o_next);
-      const double kn = bk_div(double(k), nd);
+    case MAXK_LOO1: {  // spec 2.4: D_j y_j - c sum_{t<j} B_t y_t with y = x - x_(1), plus the k = 1 term
       const double lo = ex.reduce(BK_INF, MinOp(), [&](int s, int) { return x[s]; });
-      ex.scan(false, 0.0, SumOp(), [&](int s, int) { return kn * o_next[s] * (x[s] - lo); },
-              [&](int s, int, double prefix) { emit(s, d[s] * (x[s] - lo) - prefix); });
+      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
+        const double w1 = t.w1;
+        const double total = w1 != 0.0 ? ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) : 0.0;
+        ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * (x[s] - lo); },
+                [&](int s, int j, double prefix) {
+                  double a = t.D(s, j) * (x[s] - lo) - t.c * prefix;
+                  if (w1 != 0.0 && n > 1) {  // (x_j - mean of the others) / n; 0 for a singleton
+                    const double others = bk_div_moderate(total - x[s], double(n - 1));
+                    a += w1 * bk_div_moderate(x[s] - others, nd);
+                  }
+                  emit(s, a);
+                });
+      });
+      if (!ok) fill_nan();
       return;
     }
     case MAXK_OFFPOLICY: {  // spec 3.2, O(n) form after the sort
-      Vec d, dsum;
-      ex.alloc(d), ex.alloc(dsum);
-      ex.weights(n, k, d);
+      Vec dsum;
+      ex.alloc(dsum);
       ex.scan(false, 0.0, SumOp(), [&](int s, int) { return delta[s]; },
-              [&](int s, int, double prefix) { dsum[s] = prefix; });  // D_j = sum_{l<j} delta_l
-      ex.scan(
-          true, dvec_zero<4>(), SumOp(),
-          [&](int s, int j) {
-            const double o = o_from_d(d[s], j, k), q = q_from_o(o, j, k);
-            DVec<4> t;
-            t.v[0] = o * x[s];              // S1
-            t.v[1] = o * delta[s] * x[s];   // S2
-            t.v[2] = q * dsum[s] * x[s];    // S3
-            t.v[3] = q * x[s];              // S4
-            return t;
-          },
-          [&](int s, int j, const DVec<4>& S) {
-            const double o = o_from_d(d[s], j, k);
-            const double a = (1.0 + delta[s]) * (d[s] * x[s] + S.v[0]) + o * dsum[s] * x[s] + S.v[1] +
-                             S.v[2] - delta[s] * S.v[3];
-            emit(s, a);
-          });
+              [&](int s, int, double prefix) { dsum[s] = prefix; });  // sum_{l<j} delta_l
+      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
+        ex.scan(
+            true, dvec_zero<4>(), SumOp(),
+            [&](int s, int j) {
+              const double o = t.O(s, j), q = t.Q(s, j);
+              DVec<4> v;
+              v.v[0] = o * x[s];              // S1
+              v.v[1] = o * delta[s] * x[s];   // S2
+              v.v[2] = q * dsum[s] * x[s];    // S3
+              v.v[3] = q * x[s];              // S4
+              return v;
+            },
+            [&](int s, int j, const DVec<4>& S) {
+              const double a = (1.0 + delta[s]) * (t.D(s, j) * x[s] + S.v[0]) + t.O(s, j) * dsum[s] * x[s] + S.v[1] +
+                               S.v[2] - delta[s] * S.v[3];
+              emit(s, a);
+            });
+      });
+      if (!ok) fill_nan();
       return;
     }
     case TANG_LOO: {  // the top sorted position gets x_(n) - x_(n-1)
@@ -158,9 +327,9 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case BON_MAX_MEAN: {
-      const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }), nd);
+      const Centre c = group_centre(ex, x);
       const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
-      ex.for_each([&](int s, int) { emit(s, x[s] == top ? x[s] - mean : 0.0); });
+      ex.for_each([&](int s, int) { emit(s, x[s] == top ? bk_div_moderate(c.residue(x[s]), c.shrink) : 0.0); });
       return;
     }
     case BON_MAX_SECOND: {
@@ -171,25 +340,32 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case BON_MEAN: {  // z-score of s (spec 3.3), with the constant-group guard
-      Vec d, s_val;
-      ex.alloc(d), ex.alloc(s_val);
-      ex.weights(n, k, d);
-      maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
+      SingleKTables<Vec> t;
+      single_k_tables(ex, MAXK, k, t);
+      Vec s_val;
+      ex.alloc(s_val);
+      maxk_values(ex, t, x, [&](int s, double v) { s_val[s] = v; });
       zscore_emit(ex, s_val, p.eps, kZscoreConstantRtol, emit);
       return;
     }
-    case CHEN_PASSK: {  // ((n/k) s - R) / (sqrt(R (1 - R)) + eps), R = pass@k estimate (spec 6)
-      Vec d, s_val;
-      ex.alloc(d), ex.alloc(s_val);
+    case CHEN_PASSK: {  // ((n/k) s_i - R) / (sigma + eps), spec 6, with the failure probabilities
+      // miss_k = 1 - R = C(n-c,k)/C(n,k) and, for a wrong sample, miss_rest = 1 - (n/k) s_i =
+      // C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries (no cancellation when R is near 1).
+      Vec d, d_rest;
+      ex.alloc(d), ex.alloc(d_rest);
       ex.weights(n, k, d);
-      maxk_values(ex, k, x, d, [&](int s, double v) { s_val[s] = v; });
-      const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
-      const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      const bool degenerate = c == 0.0 || nd - c < double(k);
-      double var = R * (1.0 - R);
+      const double miss_k = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s] == 0.0 ? d[s] : 0.0; });
+      const double n_wrong = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s] == 0.0 ? 1.0 : 0.0; });
+      double miss_rest = 1.0;
+      if (k > 1) {
+        ex.weights(n - 1, k - 1, d_rest);
+        miss_rest = ex.reduce(0.0, SumOp(), [&](int s, int j) { return double(j) < n_wrong ? d_rest[s] : 0.0; });
+      }
+      const double var = (1.0 - miss_k) * miss_k;
       const double sigma = bk_sqrt(var > 0.0 ? var : 0.0);
-      const double n_over_k = bk_div(nd, double(k));
-      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : bk_div(n_over_k * s_val[s] - R, sigma + p.eps)); });
+      const bool degenerate = n_wrong == nd || n_wrong < double(k);  // R is exactly 0 or 1
+      const double positive = bk_div(miss_k, sigma + p.eps), negative = bk_div(miss_k - miss_rest, sigma + p.eps);
+      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : (x[s] == 1.0 ? positive : negative)); });
       return;
     }
     case BON_RLB:
@@ -199,7 +375,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       ex.weights(n, k, d);
       const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
       const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      const double pf = bk_div(nd - c, nd);  // plug-in failure probability
+      const double pf = bk_div_moderate(nd - c, nd);  // plug-in failure probability
       const double kd = double(k);
       const double p_km1 = ipow(pf, k - 1);
       const double one_minus_pk = -::expm1(kd * ::log(pf));  // 1 - p^k, accurate near p = 1
@@ -213,25 +389,30 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
         w_plus = bk_div(kd * p_km1, geometric);
         w_minus = 0.0;
       }
-      const double correct = bk_div(w_plus * R, c > 1.0 ? c : 1.0);
-      const double wrong = bk_div(w_minus * (1.0 - R), (nd - c) > 1.0 ? (nd - c) : 1.0);
+      const double correct = bk_div_moderate(w_plus * R, c > 1.0 ? c : 1.0);
+      const double wrong = bk_div_moderate(w_minus * (1.0 - R), (nd - c) > 1.0 ? (nd - c) : 1.0);
       ex.for_each([&](int s, int) { emit(s, (x[s] == 1.0 ? correct : wrong) * nd); });
       return;
     }
     case GRPO:
       zscore_emit(ex, x, p.eps, 0.0, emit);
       return;
-    case RLOO: {  // x - mean of the others (mean scale); 0 for a singleton
-      const double total = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      ex.for_each([&](int s, int) {
-        const double others = bk_div(total - x[s], double(n - 1 < 1 ? 1 : n - 1));
-        emit(s, n > 1 ? bk_div(x[s] - others, nd) * nd : 0.0);
-      });
+    case RLOO: {  // x - mean of the others = (x - mean) n / (n - 1) (mean scale); 0 for a singleton
+      const Centre c = group_centre(ex, x);
+      const double factor = bk_div_moderate(nd, double(n - 1 < 1 ? 1 : n - 1) * c.shrink);
+      ex.for_each([&](int s, int) { emit(s, n > 1 ? c.residue(x[s]) * factor : 0.0); });
       return;
     }
     case DR_GRPO: {
-      const double mean = bk_div(ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }), nd);
-      ex.for_each([&](int s, int) { emit(s, x[s] - mean); });
+      const Centre c = group_centre(ex, x);
+      ex.for_each([&](int s, int) { emit(s, bk_div_moderate(c.residue(x[s]), c.shrink)); });
+      return;
+    }
+    case MAXRL: {  // (x - mean) / mean, 0 for every sample when the mean is 0 (spec 12)
+      const Centre c = group_centre(ex, x);  // both terms carry the same shrink
+      const Pow2Scale m = pow2_scale(::fabs(c.mean));  // mean * m.shrink in [1, 4): a moderate division
+      const double mean_m = c.mean * m.shrink;
+      ex.for_each([&](int s, int) { emit(s, c.mean == 0.0 ? 0.0 : bk_div_moderate(c.residue(x[s]) * m.shrink, mean_m)); });
       return;
     }
     default:

@@ -125,7 +125,7 @@ inline void network_sort_packed(uint64_t* k, int n) {
 
 // Sort (key, index) pairs ascending by key: insertion sort for tiny groups, std::sort up to
 // kRadixSortMin, an O(n) radix sort beyond. Ties may land in any order (every estimator is
-// tie-invariant).
+// tie-invariant). NaN keys are safe: every pair comes out once (the group is then all NaN).
 inline void sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<std::pair<uint64_t, int32_t>>* buf = nullptr) {
   if (n <= 24) {
     for (int i = 1; i < n; ++i) {
@@ -140,8 +140,10 @@ inline void sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<std::pa
   } else if (buf != nullptr && n > kRadixSortMin) {
     radix_sort_pairs(a, n, *buf);
   } else {
+    // By the orderable bits: a total order even with NaN keys (a NaN breaks `<`'s strict weak
+    // order, and std::sort may then run past the range).
     std::sort(a, a + n, [](const std::pair<double, int32_t>& l, const std::pair<double, int32_t>& r) {
-      return l.first < r.first;
+      return orderable_bits(l.first) < orderable_bits(r.first);
     });
   }
 }
@@ -200,12 +202,25 @@ class SerialExec {
     return run;
   }
 
+  template <class Pred>
+  bool any(Pred pred) {
+    for (int s = 0; s < n; ++s)
+      if (pred(s, s + 1)) return true;
+    return false;
+  }
+
   // d^(N,K) at each rank j = 1..n (and at j - 1 into prev): views into a per-thread cache of
   // tables (no copy; group_math only reads them). N >= n - 1 in every use, so t[j] exists.
   void weights(int N, int K, Vec& at) { at.p = table(N, K) + 1; }
   void weights2(int N, int K, Vec& at, Vec& prev) {
     prev.p = table(N, K);
     at.p = prev.p + 1;
+  }
+
+  // A linear estimator's tables: the call's bank block, or one k's tables from the cache above.
+  template <class Body>
+  bool tables(const Params& p, int code, int k, Body body) {
+    return with_tables(*this, p, code, k, body);
   }
 
   // Final values in sorted order; the caller scatters them back.

@@ -1,0 +1,80 @@
+// The safety logic of the CUDA kernels, written once for the device and the host, so the C++ tests
+// (csrc/tests/test_cuda_guards.cpp) run exactly what the kernels run on adversarial inputs:
+//   * classify_group: what a kernel may do with a group, from its two offsets alone (bounds and
+//     the launch's size bound), before it reads any value;
+//   * finite_value: the NaN/inf contract (a group with a non-finite input gives NaN everywhere);
+//   * the compare-exchange step of the sub-warp bitonic sort, over a total order of (key, index),
+//     so the network is a permutation of the lanes whatever the bit patterns of the keys.
+// Torch-free and CUDA-free (plain C++ on the host).
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include "bonkernels/common.h"
+
+namespace bk {
+namespace cuda {
+
+// What a kernel does with one group.
+enum GroupAction : int {
+  GROUP_COMPUTE = 0,   // [lo, hi) is a well-formed group of at most `cap` samples
+  GROUP_NAN_FILL = 1,  // write NaN to [lo, hi) and read nothing (malformed, or larger than the bound)
+  GROUP_SKIP = 2,      // empty: nothing to read or write
+};
+
+struct GroupSpan {
+  int64_t lo, hi;  // always 0 <= lo <= hi <= total: every index a kernel touches is inside the tensors
+  int action;
+};
+
+// Group [begin, end) of a batch of `total` samples, in a launch shaped for groups of at most `cap`.
+// With check_inputs=False nothing upstream validated the offsets: a malformed group (negative,
+// decreasing, or past the end) is NaN-filled over the part of it that lies inside the output, and
+// one larger than the launch's bound is NaN-filled whole (an undersized max_group_size hint).
+// Two compares per group: the kernels pay nothing measurable for it.
+BK_HD GroupSpan classify_group(int64_t begin, int64_t end, int64_t total, int64_t cap) {
+  if (begin >= 0 && begin <= end && end <= total) {
+    if (begin == end) return {begin, end, GROUP_SKIP};
+    return {begin, end, end - begin <= cap ? GROUP_COMPUTE : GROUP_NAN_FILL};
+  }
+  const int64_t lo = begin < 0 ? 0 : (begin > total ? total : begin);
+  int64_t hi = end < 0 ? 0 : (end > total ? total : end);
+  if (hi < lo) hi = lo;
+  return {lo, hi, GROUP_NAN_FILL};
+}
+
+// False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
+BK_HD bool finite_value(double x) { return x - x == 0.0; }
+
+// The double's bits as an unsigned integer in the same order for every non-NaN value (-0 before
+// +0); NaNs land beyond +-inf by their sign. A total order on all 2^64 bit patterns.
+BK_HD uint64_t orderable_bits64(double d) {
+#if defined(__CUDA_ARCH__)
+  const uint64_t u = static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  memcpy(&u, &d, sizeof(u));
+#endif
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+// Strict total order of sort entries: by key bits, then by source index (indices are distinct).
+BK_HD bool entry_less(double a, int ia, double b, int ib) {
+  const uint64_t ua = orderable_bits64(a), ub = orderable_bits64(b);
+  return ua < ub || (ua == ub && ia < ib);
+}
+
+// One compare-exchange of the ascending bitonic network over W lanes (stage `size`, distance
+// `stride`), seen from `lane`: whether the lane takes its partner's entry (lane ^ stride). Lane
+// and partner decide with the same strict order, so exactly one of each pair keeps each entry.
+BK_HD bool bitonic_take_partner(int lane, int size, int stride, double key, int idx, double partner_key,
+                                int partner_idx) {
+  const bool ascending = (lane & size) == 0;
+  const bool lower = (lane & stride) == 0;
+  const bool partner_less = entry_less(partner_key, partner_idx, key, idx);
+  return (lower == ascending) ? partner_less : !partner_less;
+}
+
+}  // namespace cuda
+}  // namespace bk
