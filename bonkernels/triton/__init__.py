@@ -33,11 +33,12 @@ def interpreting() -> bool:
 
 
 def advantages_packed(values, offsets, deltas, k, estimator_code, clamp_delta, clip_lo, clip_hi,
-                      mean_scale, small_groups, eps, max_group_size):
+                      mean_scale, small_groups, eps, max_group_size=None, *, bank=None,
+                      bank_index=None):
     """The backend interface (see bonkernels.reference.advantages_packed), as one Triton launch."""
     if not available():
         raise ImportError("backend='triton' needs the triton package (pip install triton)")
     from .advantages import advantages_packed as launch
 
     return launch(values, offsets, deltas, k, estimator_code, clamp_delta, clip_lo, clip_hi,
-                  mean_scale, small_groups, eps, max_group_size)
+                  mean_scale, small_groups, eps, max_group_size, bank=bank, bank_index=bank_index)

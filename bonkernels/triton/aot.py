@@ -40,13 +40,17 @@ def specialisations() -> list[Specialisation]:
 
 def _signature(dtype_name: str) -> dict:
     """The kernel's argument types as the launcher passes them (ints are i32: k, codes and group
-    counts fit; float scalars travel as i64 bit patterns)."""
+    counts fit; sizes and strides of the tensors are i64; float scalars travel as i64 bit
+    patterns)."""
     ptr = "*" + dtype_name
     return {
         "values_ptr": ptr, "deltas_ptr": ptr, "offsets_ptr": "*i64", "out_ptr": ptr,
-        "num_groups": "i32", "k": "i32", "code": "i32", "k_margin": "i32", "uses_k": "i32",
-        "small_groups": "i32", "has_clamp": "i32", "clamp_delta_bits": "i64",
-        "clip_lo_bits": "i64", "clip_hi_bits": "i64", "mean_scale": "i32", "eps_bits": "i64",
+        "bank_ptr": "*fp64", "bank_index_ptr": "*i64",
+        "num_groups": "i32", "num_values": "i64", "offsets_stride": "i64",
+        "bank_index_len": "i64", "k": "i32", "code": "i32", "k_margin": "i32", "uses_k": "i32",
+        "natural_mean": "i32", "has_bank": "i32", "small_groups": "i32", "has_clamp": "i32",
+        "clamp_delta_bits": "i64", "clip_lo_bits": "i64", "clip_hi_bits": "i64",
+        "mean_scale": "i32", "eps_bits": "i64",
         "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr", "GROUPS": "constexpr",
         "RANK_SORT": "constexpr",
     }
