@@ -241,3 +241,35 @@ def test_every_specialisation_compiles_for_sm80_and_sm90():
     """triton.compile (no GPU needed) of each (dtype, BLOCK) for sm_80 and sm_90: the interpreter
     accepts programs that the GPU compiler rejects."""
     _compile(["--arch", "80", "90"], len(_config.VALUE_DTYPES) * len(_config.all_blocks()) * 2)
+
+
+# ---------------------------------------------------------------- NaN through the compiled clip
+
+@pytest.mark.skipif(INTERPRETING, reason="compiles for a GPU target: TRITON_INTERPRET must be unset")
+def test_compiled_clip_keeps_nan():
+    """Compiled tl.maximum/tl.minimum become max.f64/min.f64, which return the other operand for a
+    NaN (the interpreter propagates it, so only the compiled code shows this): the kernel's clip
+    compares and selects instead, and is what the kernel applies to its result."""
+    import inspect
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from bonkernels.triton import _advantages_kernel as kernel
+
+    @triton.jit
+    def clip_probe(x_ptr, out_ptr, lo, hi):
+        cols = tl.arange(0, 16)
+        tl.store(out_ptr + cols, kernel._clip_keeping_nan(tl.load(x_ptr + cols), lo, hi))
+
+    signature = {"x_ptr": "*fp64", "out_ptr": "*fp64", "lo": "fp64", "hi": "fp64"}
+    compiled = triton.compile(ASTSource(fn=clip_probe, signature=signature),
+                              target=GPUTarget("cuda", 90, 32))
+    assert "arith.maxnumf" not in compiled.asm["ttir"] and "arith.minnumf" not in compiled.asm["ttir"]
+    ptx = compiled.asm["ptx"]
+    assert "max.f64" not in ptx and "min.f64" not in ptx and "selp.f64" in ptx
+    source = inspect.getsource(kernel.advantages_kernel.fn)
+    assert "_clip_keeping_nan(result, clip_lo, clip_hi)" in source
+    assert "tl.minimum(tl.maximum(result" not in source

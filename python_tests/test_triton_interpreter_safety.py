@@ -290,3 +290,25 @@ def test_launch_runs_under_the_values_device_guard(monkeypatch):
     values = rewards_for(est, [4, 4], torch.float32, seed=11)
     launch(values, packed_offsets([4, 4]), est)
     assert seen == [values.device]
+
+
+def test_policy_loss_launch_runs_under_the_device_guard(monkeypatch):
+    import contextlib
+
+    from bonkernels.loss import policy_loss
+    from bonkernels.triton import policy_loss as triton_loss
+
+    seen = []
+
+    @contextlib.contextmanager
+    def recording_guard(tensor):
+        seen.append(tensor.device)
+        yield
+
+    monkeypatch.setattr(triton_loss, "device_guard", recording_guard)
+    logp = torch.randn(4, 5, dtype=torch.float64, device=DEVICE).requires_grad_()
+    loss, _ = policy_loss(logp, logp.detach() + 0.1, torch.rand(4, dtype=torch.float64,
+                                                                 device=DEVICE),
+                          2, group_size=4, backend="triton")
+    loss.backward()
+    assert seen == [logp.device]
