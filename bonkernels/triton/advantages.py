@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import struct
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import _config, _facts
 from ._advantages_kernel import advantages_kernel
@@ -82,11 +84,17 @@ def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi
     grid, args, kwargs = launch_arguments(values, offsets, deltas, out, k, code, clamp_delta,
                                           clip_lo, clip_hi, mean_scale, small_groups, eps, block,
                                           bank, bank_index)
-    if wrap is not None:  # traced: the compiler's launch code sets device and stream
-        wrap(advantages_kernel)[grid](*args, **kwargs)
-        return
-    with _config.device_guard(values):  # launches on the values' device and its current stream
-        advantages_kernel[grid](*args, **kwargs)
+    kernel = wrap(advantages_kernel) if wrap is not None else advantages_kernel
+    with _launch_guard(values):
+        kernel[grid](*args, **kwargs)
+
+
+def _launch_guard(values):
+    """The values' device (and so its current stream) for a real launch; nothing while tracing
+    (the compiler's generated launch code sets the device itself)."""
+    if isinstance(values, FakeTensor) or torch.compiler.is_compiling():
+        return nullcontext()
+    return _config.device_guard(values)
 
 
 def _new_output(values: torch.Tensor) -> torch.Tensor:
@@ -103,9 +111,8 @@ def triton_advantages(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
     out = torch.empty_like(values)
     if values.numel() == 0 or offsets.numel() <= 1:
         return out
-    wrap = torch.library.wrap_triton if torch.compiler.is_compiling() else None
     _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
-            small_groups, eps, block, bank, bank_index, wrap)
+            small_groups, eps, block, bank, bank_index, torch.library.wrap_triton)
     return out
 
 
