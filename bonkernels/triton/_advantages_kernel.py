@@ -199,6 +199,26 @@ def _power_of_two_scale(amax):
     return tl.where(p2 > 0.0, p2, 1.0)
 
 
+@triton.jit
+def _bank_block(bank_index_ptr, n, bank_index_len):
+    """Start of the bank block for groups of size n ([GROUPS, 1]), -1 when there is none."""
+    return tl.load(bank_index_ptr + n, mask=(n >= 1) & (n < bank_index_len), other=-1)
+
+
+@triton.jit
+def _bank_row(bank_ptr, block_at, row: tl.constexpr, n, cols, valid):
+    """Row `row` (0 = D, 1 = O, 2 = Q, 3 = B, 4 = Bp) of the bank block, by sorted rank; 0 when
+    the block is missing."""
+    at = tl.maximum(block_at, 0) + row * n
+    return tl.load(bank_ptr + at + cols, mask=valid & (block_at >= 0), other=0.0)
+
+
+@triton.jit
+def _rloo_over_n(y, ysum, n, nf, nm1):
+    """(x_j - mean of the others)/n, 0 for a singleton."""
+    return tl.where(n >= 2, (y - (ysum - y) / nm1) / nf, 0.0)
+
+
 # No runtime specialisation beyond the argument types: ints equal to 1 or divisible by 16 would
 # otherwise each get their own compilation, and so would pointers that are or are not 16-byte
 # aligned (ragged group starts make vector loads impossible anyway). So the op launches exactly the
@@ -262,16 +282,11 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     rank = cols + 1  # 1-based sorted rank j
     rf = rank.to(tl.float64)
 
-    # ---- the weight tables: single-k (spec 0.1), or a mixture's from the bank (spec 12)
-    # bank block of the group's size: rows D, O, Q, B, Bp of length n, then W1 (spec 12)
-    block_at = tl.load(bank_index_ptr + n, other=-1,
-                       mask=(has_bank != 0) & (n >= 1) & (n < bank_index_len))
-    bad = bad | ((has_bank != 0) & (block_at < 0) & (n >= 1))  # no block for this size
-    bank_at = tl.maximum(block_at, 0)
-    in_bank = valid & (block_at >= 0)
+    # the weight tables: single-k (spec 0.1), or a mixture's read from the bank (spec 12)
     if has_bank != 0:
-        d = tl.load(bank_ptr + bank_at + cols, mask=in_bank, other=0.0)
-        o = tl.load(bank_ptr + bank_at + n + cols, mask=in_bank, other=0.0)
+        block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+        d = _bank_row(bank_ptr, block_at, 0, n, cols, valid)
+        o = _bank_row(bank_ptr, block_at, 1, n, cols, valid)
     else:
         d = _max_table(rank, n, ksafe)
         o = tl.where(rank >= 2, d * (kf - 1.0) / tl.maximum(rf - 1.0, 1.0), 0.0)
@@ -284,8 +299,6 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     ysum = _row_sum(y)
     nm1 = tl.maximum(nf - 1.0, 1.0)
     ymean = ysum / tl.maximum(nf, 1.0)
-    # leave-one-out mean baseline (x_j - mean of the others)/n, 0 for a singleton
-    rloo_n = tl.where(n >= 2, (y - (ysum - y) / nm1) / nf, 0.0)
 
     result = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
     if (code == MAXK) | (code == PASSK):
@@ -293,8 +306,9 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     elif (code == MAXK_LOO) | (code == MAXK_LOO_CENTERED):
         if has_bank != 0:
             # the bank's B, Bp hold c_k d^(n-1,k) at j and j-1, c_k already applied
-            below = tl.load(bank_ptr + bank_at + 3 * n + cols, mask=in_bank, other=0.0)
-            above = tl.load(bank_ptr + bank_at + 4 * n + cols, mask=in_bank, other=0.0)
+            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
+            above = _bank_row(bank_ptr, block_at, 4, n, cols, valid)
             result = s - (_prefix_exclusive(below * x) + _suffix_exclusive(above * x))
         else:
             # s_j - c * max@k(x without j), rest-set weights w = d(n-1, k) (spec 2.3)
@@ -308,10 +322,12 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
                 result = s - kf / nf * rest
     elif code == MAXK_LOO1:
         # k >= 2: d_j y_j - sum_{t<j} o_{t+1} y_t (spec 2.4); k = 1: (y_j - mean of others)/n
+        rloo_n = _rloo_over_n(y, ysum, n, nf, nm1)
         if has_bank != 0:
-            # (k/n) d^(n-1,k-1) for k >= 2, and the weight of k = 1
-            below = tl.load(bank_ptr + bank_at + 3 * n + cols, mask=in_bank, other=0.0)
-            w1 = tl.load(bank_ptr + bank_at + 5 * n, mask=block_at >= 0, other=0.0)
+            # B = (k/n) d^(n-1,k-1) summed over k >= 2, and W1 the weight of k = 1
+            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
+            w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
             result = d * y - _prefix_exclusive(below * y) + w1 * rloo_n
         else:
             d_next = _max_table(rank + 1, n, ksafe)
@@ -334,7 +350,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         dl = dl.to(tl.float64)
         below = _prefix_exclusive(dl)
         if has_bank != 0:
-            q = tl.load(bank_ptr + bank_at + 2 * n + cols, mask=in_bank, other=0.0)
+            q = _bank_row(bank_ptr, _bank_block(bank_index_ptr, n, bank_index_len), 2, n, cols,
+                          valid)
         else:
             q = tl.where(rank >= 3, o * (kf - 2.0) / tl.maximum(rf - 2.0, 1.0), 0.0)
         s1 = _suffix_exclusive(o * x)
@@ -428,6 +445,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     elif (mean_scale == 0) & (natural_mean != 0):
         result = result / tl.maximum(nf, 1.0)
     result = tl.where(zero_group, 0.0, result)
+    if has_bank != 0:  # a group size without a bank block
+        bad = bad | ((_bank_block(bank_index_ptr, n, bank_index_len) < 0) & (n >= 1))
     result = _clip_keeping_nan(result, clip_lo, clip_hi)
     result = tl.where(bad, float("nan"), result)
     # addressed and gated by the source column: each sample of the group is written exactly once
