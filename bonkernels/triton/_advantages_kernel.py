@@ -304,36 +304,30 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     if (code == MAXK) | (code == PASSK):
         result = s
     elif (code == MAXK_LOO) | (code == MAXK_LOO_CENTERED):
+        # s_j - c max@k(x without j) = s_j - sum_{t<j} B_t x_t - sum_{t>j} Bp_t x_t with
+        # B = c d(n-1, k) and Bp its shift by one rank, c = k/(n-1) or k/n (spec 2.3)
         if has_bank != 0:
-            # the bank's B, Bp hold c_k d^(n-1,k) at j and j-1, c_k already applied
             block_at = _bank_block(bank_index_ptr, n, bank_index_len)
             below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
             above = _bank_row(bank_ptr, block_at, 4, n, cols, valid)
-            result = s - (_prefix_exclusive(below * x) + _suffix_exclusive(above * x))
         else:
-            # s_j - c * max@k(x without j), rest-set weights w = d(n-1, k) (spec 2.3)
-            nrest = n - 1
-            w = _max_table(rank, nrest, ksafe)
-            w_prev = _max_table(rank - 1, nrest, ksafe)  # w_{j-1} at position j
-            rest = _prefix_exclusive(w * x) + _suffix_exclusive(w_prev * x)
-            if code == MAXK_LOO:
-                result = s - kf / nm1 * rest
-            else:
-                result = s - kf / nf * rest
+            c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
+            below = c * _max_table(rank, n - 1, ksafe)
+            above = c * _max_table(rank - 1, n - 1, ksafe)  # the rest-set weight of rank j-1
+        result = s - (_prefix_exclusive(below * x) + _suffix_exclusive(above * x))
     elif code == MAXK_LOO1:
-        # k >= 2: d_j y_j - sum_{t<j} o_{t+1} y_t (spec 2.4); k = 1: (y_j - mean of others)/n
-        rloo_n = _rloo_over_n(y, ysum, n, nf, nm1)
+        # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
+        # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
         if has_bank != 0:
-            # B = (k/n) d^(n-1,k-1) summed over k >= 2, and W1 the weight of k = 1
             block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+            d_eff = d
             below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
             w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
-            result = d * y - _prefix_exclusive(below * y) + w1 * rloo_n
         else:
-            d_next = _max_table(rank + 1, n, ksafe)
-            o_next = d_next * (kf - 1.0) / rf
-            loo1 = d * y - _prefix_exclusive(o_next * y)
-            result = tl.where(ksafe >= 2, loo1, rloo_n)
+            d_eff = tl.where(ksafe >= 2, d, 0.0)
+            below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe) * (kf - 1.0) / rf, 0.0)
+            w1 = tl.where(ksafe == 1, 1.0, 0.0).to(tl.float64)
+        result = d_eff * y - _prefix_exclusive(below * y) + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
     elif code == MAXK_OFFPOLICY:
         # Bagirov first-order off-policy weights, O(n) scan form (spec 3.2)
         dl_raw = tl.load(deltas_ptr + src, mask=real, other=0.0)
