@@ -267,9 +267,9 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         perm = _sort_perm_by_rank(key, cols)
     else:
         perm = _sort_perm_by_packed_sort(values_ptr, start, n, key, cols)
-    real = perm < n  # the source column is a sample of the group (exactly the positions p < n)
+    # the sorted keys put the group's samples exactly at the positions p < n
     src = start + perm
-    x = tl.load(values_ptr + src, mask=real, other=0.0).to(tl.float64)  # sorted ascending
+    x = tl.load(values_ptr + src, mask=valid, other=0.0).to(tl.float64)  # sorted ascending
 
     # ---- per-group k after the small-group rule (docs/conventions.md); a bank ignores k
     kmax = n - k_margin
@@ -330,11 +330,11 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         result = d_eff * y - _prefix_exclusive(below * y) + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
     elif code == MAXK_OFFPOLICY:
         # Bagirov first-order off-policy weights, O(n) scan form (spec 3.2)
-        dl_raw = tl.load(deltas_ptr + src, mask=real, other=0.0)
+        dl_raw = tl.load(deltas_ptr + src, mask=valid, other=0.0)
         # clamp with the bound rounded to the deltas' dtype (as the reference does), compared in
         # float32 or wider: exact, and the interpreter cannot compare bfloat16
         dl = _compare_dtype_value(dl_raw)
-        bad = bad | (tl.max(tl.where(real & ~_is_finite(dl), 1, 0), axis=1)[:, None] > 0)
+        bad = bad | (tl.max(tl.where(valid & ~_is_finite(dl), 1, 0), axis=1)[:, None] > 0)
         if dl_raw.dtype == tl.float64:
             bound = clamp_delta
         else:
@@ -444,7 +444,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     result = _clip_keeping_nan(result, clip_lo, clip_hi)
     result = tl.where(bad, float("nan"), result)
     # addressed and gated by the source column: each sample of the group is written exactly once
-    tl.store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty), mask=real)
+    tl.store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty),
+             mask=(src - start) < n)
 
     # ---- the rest of a group larger than BLOCK (only with an undersized max_group_size)
     rest_end = tl.max(tl.where(oversize_g, n_all_g, 0), axis=0)
