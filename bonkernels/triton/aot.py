@@ -71,6 +71,33 @@ def compile_one(spec: Specialisation, arch: int):
                           options={"num_warps": spec.config.num_warps})
 
 
+def resource_usage(ptx: str, arch: int) -> str:
+    """Registers and spills of a kernel, from `ptxas -v` on its PTX (the ptxas bundled with
+    triton; no GPU needed). Empty when ptxas is not found."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        run = subprocess.run([ptxas, f"-arch={gpu}", "-v", path, "-o", os.devnull],
+                             capture_output=True, text=True)
+    text = run.stdout + run.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if not regs or not spills:
+        return ""
+    return f", {regs.group(1)} registers, spills {spills.group(1)}/{spills.group(2)} bytes"
+
+
 def _compile_job(job) -> tuple[bool, str]:
     """Compile one (specialisation, arch); returns (ok, message). Runs in a worker process."""
     spec, arch = job
@@ -80,7 +107,8 @@ def _compile_job(job) -> tuple[bool, str]:
         if not compiled.asm.get("cubin"):
             raise RuntimeError("no cubin produced")
         return True, (f"sm_{arch} {spec.describe()} ({time.perf_counter() - start:.1f} s, "
-                      f"{len(compiled.asm['cubin'])} bytes of cubin)")
+                      f"{len(compiled.asm['cubin'])} bytes of cubin"
+                      f"{resource_usage(compiled.asm['ptx'], arch)})")
     except Exception as error:  # report every failing specialisation, not just the first
         return False, f"sm_{arch} {spec.describe()}: {type(error).__name__}: {error}"
 
