@@ -30,8 +30,19 @@ from bonkernels import reference  # noqa: E402
 from bonkernels import triton as bk_triton  # noqa: E402
 from bonkernels.triton import _facts  # noqa: E402
 from bonkernels.triton import advantages as launcher  # noqa: E402
+from bonkernels.triton._advantages_kernel import _cast_like_torch  # noqa: E402
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@triton.jit
+def cast_probe(x_ptr, out_ptr):
+    cols = tl.arange(0, 4)
+    tl.store(out_ptr + cols, _cast_like_torch(tl.load(x_ptr + cols), tl.bfloat16))
+
 KERNEL_ESTIMATORS = tuple(_facts.kernel_estimators())
 GUARD = 64
 SENTINEL = 12345.0
@@ -312,3 +323,24 @@ def test_policy_loss_launch_runs_under_the_device_guard(monkeypatch):
                           2, group_size=4, backend="triton")
     loss.backward()
     assert seen == [logp.device]
+
+
+def test_bfloat16_cast_keeps_every_nan():
+    """The GPU's NaN is all ones (0x7FFFFFFF as float32): rounding its bits to bfloat16 used to wrap
+    into -0.0. Any NaN payload must stay NaN."""
+    bits = torch.tensor([0x7FFFFFFFFFFFFFFF, 0x7FF8000000000000, -1, 0x3FF0000000000000],
+                        dtype=torch.int64)
+    x = bits.view(torch.float64).to(DEVICE)
+    out = torch.empty(4, dtype=torch.bfloat16, device=DEVICE)
+    cast_probe[(1,)](x, out)
+    assert out[:3].isnan().all() and out[3].item() == 1.0, out
+
+
+def test_public_api_with_checks_off_gives_nan_groups():
+    rewards = torch.rand(3, 6, dtype=torch.float32, device=DEVICE)
+    rewards[1, 2] = math.nan
+    rewards[2, 0] = math.inf
+    out = bk.advantages(rewards, 2, "maxk_loo1", backend="triton", check_inputs=False)
+    assert out[1:].isnan().all() and torch.isfinite(out[0]).all()
+    want = bk.advantages(rewards[:1], 2, "maxk_loo1", backend="torch")
+    torch.testing.assert_close(out[:1], want, rtol=1e-6, atol=1e-6)
