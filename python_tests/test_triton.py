@@ -161,6 +161,16 @@ def test_launches_use_exactly_the_compiled_specialisations():
             _, signature, constexprs, attrs = advantages_kernel._pack_args(
                 backend, kwargs, bound, specialization, options)
             assert signature == _signature(name), (name, k, sizes)
+            if clamp is None:  # a mixture's bank: the same kernel
+                bank = torch.zeros(50, dtype=torch.float64)[3:]
+                bank_index = torch.zeros(2 * max(sizes) + 2, dtype=torch.int64)[::2]
+                _, bank_args, _ = launch_arguments(values, offsets, None, values, k, 0, None,
+                                                   -math.inf, 1.5, True, 2, 1e-4, block,
+                                                   bank, bank_index.contiguous())
+                bound, specialization, options = binder(*bank_args, **kwargs)
+                _, bank_signature, _, bank_attrs = advantages_kernel._pack_args(
+                    backend, kwargs, bound, specialization, options)
+                assert bank_signature == signature and not any(bank_attrs.values())
             assert all(not a for a in attrs.values()), attrs
             expected = _config.config_for_block(block).constexprs()
             assert constexprs == {(advantages_kernel.arg_names.index(key),): value
