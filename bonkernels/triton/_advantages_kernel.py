@@ -449,8 +449,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
 
     # ---- the rest of a group larger than BLOCK (only with an undersized max_group_size)
     rest_end = tl.max(tl.where(oversize_g, n_all_g, 0), axis=0)
-    chunk = BLOCK + tl.zeros([1], dtype=tl.int64)
-    while tl.sum(chunk, axis=0) < rest_end:
+    chunk = BLOCK + tl.zeros([1], dtype=tl.int64)  # a while loop: the interpreter cannot take
+    while tl.sum(chunk, axis=0) < rest_end:  # a reduced scalar as a range() bound
         at = chunk + cols
         nan_out = _cast_like_torch(tl.full([GROUPS, BLOCK], float("nan"), tl.float64),
                                    out_ptr.dtype.element_ty)
