@@ -22,6 +22,9 @@ from bonkernels import estimators  # noqa: E402
 from bonkernels.triton import _config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+INTERPRETER_SUITES = ("python_tests/test_triton_interpreter.py",
+                      "python_tests/test_triton_interpreter_safety.py",
+                      "python_tests/test_triton_interpreter_mixtures.py")
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -40,17 +43,51 @@ def _tail(result, lines=60):
 
 # ---------------------------------------------------------------- registry and configuration
 
-def test_kernel_codes_and_rules_agree_with_the_registry():
+def test_kernel_codes_and_facts_come_from_the_registry():
+    """The kernel's code constants are the registry's, the launcher passes the registry's facts
+    for every estimator, and no second hand-kept table of codes or rules is left."""
     from bonkernels.triton import _advantages_kernel as kernel
-    from bonkernels.triton.advantages import ESTIMATOR_K_RULES, OFFPOLICY_EXACT_CODE
+    from bonkernels.triton import _facts
+    from bonkernels.triton import advantages as launcher
 
-    supported = {e.name: e for e in estimators._ENTRIES if e.name != "maxk_offpolicy_exact"}
-    assert kernel.CODES == {name: e.code for name, e in supported.items()}
-    assert estimators.get("maxk_offpolicy_exact").code == OFFPOLICY_EXACT_CODE
-    for e in supported.values():
-        assert ESTIMATOR_K_RULES[e.code] == (e.uses_k, e.k_margin), e.name
-        assert (e.code >= kernel.FIRST_MEAN_SCALE_CODE_INT) == (e.scale == "mean"), e.name
-    assert kernel.ZSCORE_CONSTANT_RTOL_FLOAT == estimators.ZSCORE_CONSTANT_RTOL
+    for e in estimators.REGISTRY.values():
+        assert _facts.get(e.name) is e
+        constant = getattr(kernel, e.name.upper(), None)
+        if _facts.in_kernel(e):
+            assert constant is not None and constant.value == e.code, e.name
+    for name in ("CODES", "FIRST_MEAN_SCALE_CODE", "FIRST_MEAN_SCALE_CODE_INT"):
+        assert not hasattr(kernel, name), name
+    for name in ("ESTIMATOR_K_RULES", "OFFPOLICY_EXACT_CODE"):
+        assert not hasattr(launcher, name), name
+    assert kernel.ZSCORE_CONSTANT_RTOL.value == estimators.ZSCORE_CONSTANT_RTOL
+    values = torch.rand(10, dtype=torch.float32)
+    offsets = torch.tensor([0, 4, 10])
+    names = launcher.advantages_kernel.arg_names
+    for e in _facts.kernel_estimators():
+        deltas = values if e.needs_deltas else None
+        _, args, _ = launcher.launch_arguments(values, offsets, deltas, torch.empty_like(values),
+                                               3, e.code, None, -math.inf, math.inf, True, 2,
+                                               1e-6, 8)
+        passed = dict(zip(names, args))
+        assert passed["code"] == e.code
+        assert passed["k_margin"] == e.k_margin and passed["uses_k"] == int(e.uses_k), e.name
+        assert passed["natural_mean"] == int(e.scale == "mean"), e.name
+    exact = estimators.get("maxk_offpolicy_exact")
+    with pytest.raises(ValueError, match="maxk_offpolicy_exact"):
+        launcher.launch_arguments(values, offsets, values, values, 2, exact.code, None, 0.0, 1.0,
+                                  True, 2, 1e-6, 8)
+
+
+def test_device_guard_selects_the_tensors_device():
+    """A CUDA tensor's launch runs under torch.cuda.device(its device): Triton then launches on that
+    device and that device's current stream. (Entering it needs a GPU; on CPU the guard is a no-op.)"""
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
+    guard = _config.device_guard(fake)
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    with _config.device_guard(torch.zeros(2)):
+        pass
 
 
 @pytest.mark.parametrize("size,block", [(0, 8), (1, 8), (8, 8), (9, 16), (32, 32), (33, 64),
@@ -124,6 +161,16 @@ def test_launches_use_exactly_the_compiled_specialisations():
             _, signature, constexprs, attrs = advantages_kernel._pack_args(
                 backend, kwargs, bound, specialization, options)
             assert signature == _signature(name), (name, k, sizes)
+            if clamp is None:  # a mixture's bank: the same kernel
+                bank = torch.zeros(50, dtype=torch.float64)[3:]
+                bank_index = torch.zeros(2 * max(sizes) + 2, dtype=torch.int64)[::2]
+                _, bank_args, _ = launch_arguments(values, offsets, None, values, k, 0, None,
+                                                   -math.inf, 1.5, True, 2, 1e-4, block,
+                                                   bank, bank_index.contiguous())
+                bound, specialization, options = binder(*bank_args, **kwargs)
+                _, bank_signature, _, bank_attrs = advantages_kernel._pack_args(
+                    backend, kwargs, bound, specialization, options)
+                assert bank_signature == signature and not any(bank_attrs.values())
             assert all(not a for a in attrs.values()), attrs
             expected = _config.config_for_block(block).constexprs()
             assert constexprs == {(advantages_kernel.arg_names.index(key),): value
@@ -178,8 +225,8 @@ def test_op_is_registered_and_traceable():
 
 @pytest.mark.skipif(INTERPRETING, reason="the interpreter suite runs in this process already")
 def test_interpreter_suite():
-    """python_tests/test_triton_interpreter.py under TRITON_INTERPRET=1 (about a minute)."""
-    result = _run(["-m", "pytest", "python_tests/test_triton_interpreter.py", "-q",
+    """The python_tests/test_triton_interpreter*.py suites under TRITON_INTERPRET=1 (a few minutes)."""
+    result = _run(["-m", "pytest", *INTERPRETER_SUITES, "-q",
                    "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning"],
                   {"TRITON_INTERPRET": "1"}, 1200)
     assert result.returncode == 0, _tail(result)
@@ -204,3 +251,35 @@ def test_every_specialisation_compiles_for_sm80_and_sm90():
     """triton.compile (no GPU needed) of each (dtype, BLOCK) for sm_80 and sm_90: the interpreter
     accepts programs that the GPU compiler rejects."""
     _compile(["--arch", "80", "90"], len(_config.VALUE_DTYPES) * len(_config.all_blocks()) * 2)
+
+
+# ---------------------------------------------------------------- NaN through the compiled clip
+
+@pytest.mark.skipif(INTERPRETING, reason="compiles for a GPU target: TRITON_INTERPRET must be unset")
+def test_compiled_clip_keeps_nan():
+    """Compiled tl.maximum/tl.minimum become max.f64/min.f64, which return the other operand for a
+    NaN (the interpreter propagates it, so only the compiled code shows this): the kernel's clip
+    compares and selects instead, and is what the kernel applies to its result."""
+    import inspect
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from bonkernels.triton import _advantages_kernel as kernel
+
+    @triton.jit
+    def clip_probe(x_ptr, out_ptr, lo, hi):
+        cols = tl.arange(0, 16)
+        tl.store(out_ptr + cols, kernel._clip_keeping_nan(tl.load(x_ptr + cols), lo, hi))
+
+    signature = {"x_ptr": "*fp64", "out_ptr": "*fp64", "lo": "fp64", "hi": "fp64"}
+    compiled = triton.compile(ASTSource(fn=clip_probe, signature=signature),
+                              target=GPUTarget("cuda", 90, 32))
+    assert "arith.maxnumf" not in compiled.asm["ttir"] and "arith.minnumf" not in compiled.asm["ttir"]
+    ptx = compiled.asm["ptx"]
+    assert "max.f64" not in ptx and "min.f64" not in ptx and "selp.f64" in ptx
+    source = inspect.getsource(kernel.advantages_kernel.fn)
+    assert "_clip_keeping_nan(result, clip_lo, clip_hi)" in source
+    assert "tl.minimum(tl.maximum(result" not in source

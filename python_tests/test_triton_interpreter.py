@@ -28,9 +28,9 @@ DEVICE = "cpu" if INTERPRETING else "cuda"
 import bonkernels as bk  # noqa: E402
 from bonkernels import estimators, reference  # noqa: E402
 from bonkernels import triton as bk_triton  # noqa: E402
-from bonkernels.triton import _config  # noqa: E402
+from bonkernels.triton import _config, _facts  # noqa: E402
 
-SUPPORTED = tuple(e for e in estimators._ENTRIES if e.name != "maxk_offpolicy_exact")
+SUPPORTED = tuple(e for e in estimators._ENTRIES if _facts.in_kernel(e))
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # Relative tolerance (to the group's scale) per output dtype: the kernel and the reference both
 # compute in float64 and cast once, so only a float64 rounding difference that straddles a

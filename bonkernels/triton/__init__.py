@@ -1,12 +1,20 @@
 """Triton backend: the fused advantages op as one Triton kernel launch.
 
-* Every estimator except ``maxk_offpolicy_exact``; float16/bfloat16/float32/float64 rewards; groups of
-  up to ``MAX_GROUP_SIZE`` (4096) samples. Arithmetic in float64 like the reference, output cast once.
-* One launch per call, no host sync when ``max_group_size`` is given. Group sizes are bucketed to
-  powers of two from 8 (``_config.py``): 4 dtypes x 10 blocks = 40 kernel specialisations, which
-  ``python -m bonkernels.triton.aot`` compiles ahead of time for sm_80/sm_90.
+* Every estimator the kernel implements (``_facts.py`` reads them and their facts from the registry;
+  all but ``maxk_offpolicy_exact``), including ``maxrl``; float16/bfloat16/float32/float64 rewards;
+  groups of up to ``MAX_GROUP_SIZE`` (4096) samples. Arithmetic in float64 like the reference,
+  output cast once.
+* Mixtures over k (``k_weights``): the linear estimators read their mixed weight tables from a
+  ``bank`` (``bank_index[n]`` = the block for groups of size n), at the cost of a single k.
+* One launch per call, no host sync when ``max_group_size`` is given, under the values' device and
+  on its current stream. Group sizes are bucketed to powers of two from 8 (``_config.py``):
+  4 dtypes x 10 blocks = 40 kernel specialisations, which ``python -m bonkernels.triton.aot``
+  compiles ahead of time for sm_80/sm_90.
 * Blocks up to 32 sort by rank comparison (many groups per program); larger blocks sort packed
   (key, column) int64s with ``tl.sort`` (two passes for float64).
+* Without input checks the kernel stays inside its tensors: offsets are clamped, a group with a
+  NaN/inf reward (or delta) or larger than the launch's block gets NaN for every sample, and each
+  sample is stored at its own index.
 * Registered as ``torch.ops.bonkernels.triton_advantages`` (``torch.library.triton_op``) for
   torch.compile; eager calls launch directly.
 
@@ -33,11 +41,12 @@ def interpreting() -> bool:
 
 
 def advantages_packed(values, offsets, deltas, k, estimator_code, clamp_delta, clip_lo, clip_hi,
-                      mean_scale, small_groups, eps, max_group_size):
+                      mean_scale, small_groups, eps, max_group_size=None, *, bank=None,
+                      bank_index=None):
     """The backend interface (see bonkernels.reference.advantages_packed), as one Triton launch."""
     if not available():
         raise ImportError("backend='triton' needs the triton package (pip install triton)")
     from .advantages import advantages_packed as launch
 
     return launch(values, offsets, deltas, k, estimator_code, clamp_delta, clip_lo, clip_hi,
-                  mean_scale, small_groups, eps, max_group_size)
+                  mean_scale, small_groups, eps, max_group_size, bank=bank, bank_index=bank_index)

@@ -6,37 +6,37 @@ All arithmetic is float64, as in the reference (docs/conventions.md); the output
 Specialisations (compile-time): the pointer dtypes, BLOCK (with GROUPS and the sort method derived
 from it by the launcher). The estimator, k, the small-group mode, clamping and clipping are runtime
 scalars, so neither a new estimator nor a new k nor a new group size (within a bucket) recompiles.
+
+Safety without input checks (check_inputs=False): offsets are clamped into the values, a group
+larger than BLOCK or with a NaN/inf reward (or delta) gets NaN for every sample, and every store is
+addressed and gated by the sample's own (source) index, so nothing outside the output is written
+and nothing inside it is left unwritten.
 """
 
 import triton
 import triton.language as tl
 
-# Estimator codes of bonkernels/estimators.py (the tests check they agree). Triton kernels may only
-# read globals that are constexpr.
-CODES = {"maxk": 0, "maxk_loo": 1, "maxk_loo_centered": 2, "maxk_loo1": 3, "maxk_offpolicy": 4,
-         "passk": 6, "tang_loo": 7, "bon_max_mean": 8, "bon_max_second": 9, "bon_mean": 10,
-         "chen_passk": 11, "bon_rlb": 12, "bon_rlb_pos": 13, "grpo": 14, "rloo": 15, "dr_grpo": 16}
-FIRST_MEAN_SCALE_CODE_INT = 8  # codes >= 8 have the "mean" natural scale
-ZSCORE_CONSTANT_RTOL_FLOAT = 1e-10  # estimators.ZSCORE_CONSTANT_RTOL (checked by the tests)
+from . import _facts
 
-MAXK = tl.constexpr(CODES["maxk"])
-MAXK_LOO = tl.constexpr(CODES["maxk_loo"])
-MAXK_LOO_CENTERED = tl.constexpr(CODES["maxk_loo_centered"])
-MAXK_LOO1 = tl.constexpr(CODES["maxk_loo1"])
-MAXK_OFFPOLICY = tl.constexpr(CODES["maxk_offpolicy"])
-PASSK = tl.constexpr(CODES["passk"])
-TANG_LOO = tl.constexpr(CODES["tang_loo"])
-BON_MAX_MEAN = tl.constexpr(CODES["bon_max_mean"])
-BON_MAX_SECOND = tl.constexpr(CODES["bon_max_second"])
-BON_MEAN = tl.constexpr(CODES["bon_mean"])
-CHEN_PASSK = tl.constexpr(CODES["chen_passk"])
-BON_RLB = tl.constexpr(CODES["bon_rlb"])
-BON_RLB_POS = tl.constexpr(CODES["bon_rlb_pos"])
-GRPO = tl.constexpr(CODES["grpo"])
-RLOO = tl.constexpr(CODES["rloo"])
-DR_GRPO = tl.constexpr(CODES["dr_grpo"])
-FIRST_MEAN_SCALE_CODE = tl.constexpr(FIRST_MEAN_SCALE_CODE_INT)
-ZSCORE_CONSTANT_RTOL = tl.constexpr(ZSCORE_CONSTANT_RTOL_FLOAT)
+# Estimator codes from the registry. Triton kernels may only read globals that are constexpr.
+MAXK = tl.constexpr(_facts.code("maxk"))
+MAXK_LOO = tl.constexpr(_facts.code("maxk_loo"))
+MAXK_LOO_CENTERED = tl.constexpr(_facts.code("maxk_loo_centered"))
+MAXK_LOO1 = tl.constexpr(_facts.code("maxk_loo1"))
+MAXK_OFFPOLICY = tl.constexpr(_facts.code("maxk_offpolicy"))
+PASSK = tl.constexpr(_facts.code("passk"))
+TANG_LOO = tl.constexpr(_facts.code("tang_loo"))
+BON_MAX_MEAN = tl.constexpr(_facts.code("bon_max_mean"))
+BON_MAX_SECOND = tl.constexpr(_facts.code("bon_max_second"))
+BON_MEAN = tl.constexpr(_facts.code("bon_mean"))
+CHEN_PASSK = tl.constexpr(_facts.code("chen_passk"))
+BON_RLB = tl.constexpr(_facts.code("bon_rlb"))
+BON_RLB_POS = tl.constexpr(_facts.code("bon_rlb_pos"))
+GRPO = tl.constexpr(_facts.code("grpo"))
+RLOO = tl.constexpr(_facts.code("rloo"))
+DR_GRPO = tl.constexpr(_facts.code("dr_grpo"))
+MAXRL = tl.constexpr(_facts.code("maxrl"))
+ZSCORE_CONSTANT_RTOL = tl.constexpr(_facts.estimators.ZSCORE_CONSTANT_RTOL)
 
 
 @triton.jit
@@ -99,23 +99,50 @@ def _sort_perm_by_rank(keys, cols):
 
 
 @triton.jit
-def _sort_perm_by_packed_sort(values_ptr, start, n, raw, cols):
-    """Sorting permutation of each row with tl.sort on packed (32-bit key, 32-bit column) int64s."""
+def _compare_dtype_value(raw):
+    """raw in the type the sort compares: float64 stays, narrower dtypes go to float32 (exact)."""
     if raw.dtype == tl.float64:
+        v = raw
+    else:
+        v = raw.to(tl.float32)
+    return v
+
+
+@triton.jit
+def _is_finite(v):
+    """v - v is 0 for finite v and NaN for NaN and +-inf (no isfinite in the interpreter)."""
+    return (v - v) == 0.0
+
+
+@triton.jit
+def _sort_key(raw, real):
+    """The key each column sorts by: the reward; padding (real False) +inf, after every real key.
+
+    NaN and +-inf rewards sort as 0 (their group's output is NaN anyway): keys then form a total
+    order in which the real columns take exactly the first n positions.
+    """
+    v = _compare_dtype_value(raw)
+    return tl.where(real, tl.where(_is_finite(v), v, 0.0), float("inf"))
+
+
+@triton.jit
+def _sort_perm_by_packed_sort(values_ptr, start, n, key, cols):
+    """Sorting permutation of each row with tl.sort on packed (32-bit key, 32-bit column) int64s."""
+    if key.dtype == tl.float64:
         # A float64 key leaves no room for the column: sort twice (least significant digit first),
         # by the low 32 key bits, then by the high 32 bits with ties kept in first-pass order
         # (the first-pass position rides in bits 16-31, the column in bits 0-15: BLOCK <= 65536).
-        key = _order_key64(raw)
-        low = (key & 0xFFFFFFFF) - 0x80000000  # unsigned order -> signed order
+        bits = _order_key64(key)
+        low = (bits & 0xFFFFFFFF) - 0x80000000  # unsigned order -> signed order
         first = tl.sort((low << 32) | cols.to(tl.int64), dim=1)
         first_cols = first & 0xFFFF  # column at each first-pass position
-        again = tl.load(values_ptr + start + first_cols, mask=first_cols < n, other=float("inf"))
+        real = first_cols < n
+        again = _sort_key(tl.load(values_ptr + start + first_cols, mask=real, other=0.0), real)
         high = _order_key64(again) >> 32
         second = tl.sort((high << 32) | (cols.to(tl.int64) << 16) | first_cols, dim=1)
         perm = (second & 0xFFFF).to(tl.int32)
     else:
-        key = _order_key32(raw.to(tl.float32))
-        packed = tl.sort((key.to(tl.int64) << 32) | cols.to(tl.int64), dim=1)
+        packed = tl.sort((_order_key32(key).to(tl.int64) << 32) | cols.to(tl.int64), dim=1)
         perm = (packed & 0xFFFFFFFF).to(tl.int32)
     return perm
 
@@ -139,7 +166,9 @@ def _cast_like_torch(x, dtype: tl.constexpr):
     if dtype == tl.bfloat16:
         bits = x32.to(tl.int32, bitcast=True)
         rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        # a NaN keeps a quiet-NaN pattern (rounding the GPU's 0x7FFFFFFF NaN would wrap to -0)
+        top = tl.where(x32 == x32, rounded >> 16, 0x7FC0)
+        return top.to(tl.int16).to(tl.bfloat16, bitcast=True)
     return x32.to(dtype)
 
 
@@ -148,16 +177,62 @@ def _row_sum(v):
     return tl.sum(v, axis=1)[:, None]
 
 
+@triton.jit
+def _clip_keeping_nan(x, lo, hi):
+    """min(max(x, lo), hi), but NaN stays NaN (compiled tl.maximum/tl.minimum return the other
+    operand for a NaN, the interpreter and the reference propagate it)."""
+    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+
+
+@triton.jit
+def _first_column(v, cols):
+    """v at column 0 of each row, [GROUPS, 1]."""
+    return _row_sum(tl.where(cols == 0, v, 0.0))
+
+
+@triton.jit
+def _power_of_two_scale(amax):
+    """The power of two at or below amax (1 for 0 and subnormals): dividing by it is exact, and
+    brings the group into [-2, 2] so that differences and squares cannot overflow."""
+    bits = amax.to(tl.int64, bitcast=True) & 0x7FF0000000000000
+    p2 = bits.to(tl.float64, bitcast=True)
+    return tl.where(p2 > 0.0, p2, 1.0)
+
+
+@triton.jit
+def _bank_block(bank_index_ptr, n, bank_index_len):
+    """Start of the bank block for groups of size n ([GROUPS, 1]), -1 when there is none."""
+    return tl.load(bank_index_ptr + n, mask=(n >= 1) & (n < bank_index_len), other=-1)
+
+
+@triton.jit
+def _bank_row(bank_ptr, block_at, row: tl.constexpr, n, cols, valid):
+    """Row `row` (0 = D, 1 = O, 2 = Q, 3 = B, 4 = Bp) of the bank block, by sorted rank; 0 when
+    the block is missing."""
+    at = tl.maximum(block_at, 0) + row * n
+    return tl.load(bank_ptr + at + cols, mask=valid & (block_at >= 0), other=0.0)
+
+
+@triton.jit
+def _rloo_over_n(y, ysum, n, nf, nm1):
+    """(x_j - mean of the others)/n, 0 for a singleton."""
+    return tl.where(n >= 2, (y - (ysum - y) / nm1) / nf, 0.0)
+
+
 # No runtime specialisation beyond the argument types: ints equal to 1 or divisible by 16 would
 # otherwise each get their own compilation, and so would pointers that are or are not 16-byte
 # aligned (ragged group starts make vector loads impossible anyway). So the op launches exactly the
 # (dtype, BLOCK) specialisations that aot.py compiles.
-@triton.jit(do_not_specialize=["num_groups", "k", "code", "k_margin", "uses_k", "small_groups",
-                                "has_clamp", "mean_scale", "clamp_delta_bits", "clip_lo_bits",
-                                "clip_hi_bits", "eps_bits"],
-            do_not_specialize_on_alignment=["values_ptr", "deltas_ptr", "offsets_ptr", "out_ptr"])
-def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, num_groups,
-                      k, code, k_margin, uses_k, small_groups, has_clamp,
+@triton.jit(do_not_specialize=["num_groups", "num_values", "offsets_stride", "bank_index_len", "k",
+                                "code", "k_margin", "uses_k", "natural_mean", "has_bank",
+                                "small_groups", "has_clamp", "mean_scale", "clamp_delta_bits",
+                                "clip_lo_bits", "clip_hi_bits", "eps_bits"],
+            do_not_specialize_on_alignment=["values_ptr", "deltas_ptr", "offsets_ptr", "out_ptr",
+                                            "bank_ptr", "bank_index_ptr"])
+def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, bank_index_ptr,
+                      num_groups, num_values: tl.int64, offsets_stride: tl.int64,
+                      bank_index_len: tl.int64, k, code, k_margin, uses_k, natural_mean, has_bank,
+                      small_groups, has_clamp,
                       clamp_delta_bits: tl.int64, clip_lo_bits: tl.int64, clip_hi_bits: tl.int64,
                       mean_scale, eps_bits: tl.int64,
                       BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr, GROUPS: tl.constexpr,
@@ -169,26 +244,36 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, num_groups,
     pid = tl.program_id(0)
     group = pid.to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     group_ok = group < num_groups
-    start = tl.load(offsets_ptr + group, mask=group_ok, other=0)[:, None]
-    n = tl.load(offsets_ptr + group + 1, mask=group_ok, other=0)[:, None] - start  # [GROUPS, 1]
+    # ---- the group's samples [start, start + n_all), clamped into the values (unchecked offsets
+    # may be out of range or decreasing: such a group reads and writes only inside the tensors)
+    first = tl.load(offsets_ptr + group * offsets_stride, mask=group_ok, other=0)
+    last = tl.load(offsets_ptr + (group + 1) * offsets_stride, mask=group_ok, other=0)
+    start_g = tl.minimum(tl.maximum(first, 0), num_values)
+    n_all_g = tl.minimum(tl.maximum(last, start_g), num_values) - start_g
+    start = start_g[:, None]
+    n_all = n_all_g[:, None]
+    oversize_g = n_all_g > BLOCK  # max_group_size was too small: NaN for the whole group
+    oversize = oversize_g[:, None]
+    n = tl.minimum(n_all, BLOCK).to(tl.int32)  # [GROUPS, 1]
     cols = tl.zeros([GROUPS, BLOCK], dtype=tl.int32) + tl.arange(0, BLOCK)[None, :]
     valid = cols < n  # column p < n, used for both unsorted and sorted positions
 
     # ---- sort: perm[g, p] is the column of the p-th smallest reward (padding is +inf: last)
-    raw = tl.load(values_ptr + start + cols, mask=valid, other=float("inf"))
+    raw = tl.load(values_ptr + start + cols, mask=valid, other=0.0)
+    finite = _is_finite(_compare_dtype_value(raw))
+    bad = (tl.max(tl.where(valid & ~finite, 1, 0), axis=1)[:, None] > 0) | oversize
+    key = _sort_key(raw, valid)
     if RANK_SORT:
-        if raw.dtype == tl.float64:
-            perm = _sort_perm_by_rank(raw, cols)
-        else:
-            perm = _sort_perm_by_rank(raw.to(tl.float32), cols)
+        perm = _sort_perm_by_rank(key, cols)
     else:
-        perm = _sort_perm_by_packed_sort(values_ptr, start, n, raw, cols)
+        perm = _sort_perm_by_packed_sort(values_ptr, start, n, key, cols)
+    # the sorted keys put the group's samples exactly at the positions p < n
     src = start + perm
     x = tl.load(values_ptr + src, mask=valid, other=0.0).to(tl.float64)  # sorted ascending
 
-    # ---- per-group k after the small-group rule (docs/conventions.md)
+    # ---- per-group k after the small-group rule (docs/conventions.md); a bank ignores k
     kmax = n - k_margin
-    too_small = (uses_k != 0) & (k > kmax)
+    too_small = (uses_k != 0) & (has_bank == 0) & (k > kmax)
     zero_group = too_small & ((small_groups != 2) | (kmax < 1))  # 'error' mode: as the reference
     kg = tl.where(too_small, kmax, k)
     ksafe = tl.maximum(tl.minimum(kg, n), 1)  # a harmless k for groups whose output is zeroed
@@ -197,53 +282,72 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, num_groups,
     rank = cols + 1  # 1-based sorted rank j
     rf = rank.to(tl.float64)
 
-    d = _max_table(rank, n, ksafe)
-    o = tl.where(rank >= 2, d * (kf - 1.0) / tl.maximum(rf - 1.0, 1.0), 0.0)
+    # the weight tables: single-k (spec 0.1), or a mixture's read from the bank (spec 12)
+    if has_bank != 0:
+        block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+        d = _bank_row(bank_ptr, block_at, 0, n, cols, valid)
+        o = _bank_row(bank_ptr, block_at, 1, n, cols, valid)
+    else:
+        d = _max_table(rank, n, ksafe)
+        o = tl.where(rank >= 2, d * (kf - 1.0) / tl.maximum(rf - 1.0, 1.0), 0.0)
     s = d * x + _suffix_exclusive(o * x)  # PKPO s_j = Bagirov's on-policy weights (spec 2.2)
 
     # shifted rewards: every estimator below that is shift-invariant uses y for accuracy
-    xmin = tl.min(tl.where(valid, x, float("inf")), axis=1)[:, None]
+    xmin = _first_column(x, cols)
     y = tl.where(valid, x - xmin, 0.0)
     xtop = tl.max(tl.where(valid, x, float("-inf")), axis=1)[:, None]
     ysum = _row_sum(y)
     nm1 = tl.maximum(nf - 1.0, 1.0)
+    ymean = ysum / tl.maximum(nf, 1.0)
 
     result = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
     if (code == MAXK) | (code == PASSK):
         result = s
     elif (code == MAXK_LOO) | (code == MAXK_LOO_CENTERED):
-        # s_j - c * max@k(x without j), rest-set weights w = d(n-1, k) (spec 2.3)
-        nrest = n - 1
-        w = _max_table(rank, nrest, ksafe)
-        w_prev = _max_table(rank - 1, nrest, ksafe)  # w_{j-1} at position j
-        rest = _prefix_exclusive(w * x) + _suffix_exclusive(w_prev * x)
-        if code == MAXK_LOO:
-            result = s - kf / nm1 * rest
+        # s_j - c max@k(x without j) = s_j - sum_{t<j} B_t x_t - sum_{t>j} Bp_t x_t with
+        # B = c d(n-1, k) and Bp its shift by one rank, c = k/(n-1) or k/n (spec 2.3)
+        if has_bank != 0:
+            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
+            above = _bank_row(bank_ptr, block_at, 4, n, cols, valid)
         else:
-            result = s - kf / nf * rest
+            c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
+            below = c * _max_table(rank, n - 1, ksafe)
+            above = c * _max_table(rank - 1, n - 1, ksafe)  # the rest-set weight of rank j-1
+        result = s - (_prefix_exclusive(below * x) + _suffix_exclusive(above * x))
     elif code == MAXK_LOO1:
-        # k >= 2: d_j y_j - sum_{t<j} o_{t+1} y_t (spec 2.4); k = 1: (y_j - mean of others)/n
-        d_next = _max_table(rank + 1, n, ksafe)
-        o_next = d_next * (kf - 1.0) / rf
-        loo1 = d * y - _prefix_exclusive(o_next * y)
-        rloo_n = (y - (ysum - y) / nm1) / nf
-        result = tl.where(ksafe >= 2, loo1, tl.where(n >= 2, rloo_n, 0.0))
+        # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
+        # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
+        if has_bank != 0:
+            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+            d_eff = d
+            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
+            w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
+        else:
+            d_eff = tl.where(ksafe >= 2, d, 0.0)
+            below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe) * (kf - 1.0) / rf, 0.0)
+            w1 = tl.where(ksafe == 1, 1.0, 0.0).to(tl.float64)
+        result = d_eff * y - _prefix_exclusive(below * y) + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
     elif code == MAXK_OFFPOLICY:
         # Bagirov first-order off-policy weights, O(n) scan form (spec 3.2)
         dl_raw = tl.load(deltas_ptr + src, mask=valid, other=0.0)
         # clamp with the bound rounded to the deltas' dtype (as the reference does), compared in
         # float32 or wider: exact, and the interpreter cannot compare bfloat16
+        dl = _compare_dtype_value(dl_raw)
+        bad = bad | (tl.max(tl.where(valid & ~_is_finite(dl), 1, 0), axis=1)[:, None] > 0)
         if dl_raw.dtype == tl.float64:
-            dl = dl_raw
             bound = clamp_delta
         else:
-            dl = dl_raw.to(tl.float32)
             bound = _cast_like_torch(clamp_delta, dl_raw.dtype).to(tl.float32)
         if has_clamp != 0:
             dl = tl.minimum(tl.maximum(dl, -bound), bound)
         dl = dl.to(tl.float64)
         below = _prefix_exclusive(dl)
-        q = tl.where(rank >= 3, o * (kf - 2.0) / tl.maximum(rf - 2.0, 1.0), 0.0)
+        if has_bank != 0:
+            q = _bank_row(bank_ptr, _bank_block(bank_index_ptr, n, bank_index_len), 2, n, cols,
+                          valid)
+        else:
+            q = tl.where(rank >= 3, o * (kf - 2.0) / tl.maximum(rf - 2.0, 1.0), 0.0)
         s1 = _suffix_exclusive(o * x)
         s2 = _suffix_exclusive(o * dl * x)
         s3 = _suffix_exclusive(q * below * x)
@@ -253,65 +357,102 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, num_groups,
         second = _row_sum(tl.where(cols == n - 2, x, 0.0))
         result = tl.where((cols == n - 1) & (n >= 2), xtop - second, 0.0)
     elif code == BON_MAX_MEAN:
-        result = tl.where(valid & (x == xtop), y - ysum / tl.maximum(nf, 1.0), 0.0)
+        result = tl.where(valid & (x == xtop), y - ymean, 0.0)
     elif code == BON_MAX_SECOND:
         second = tl.max(tl.where(valid & (x < xtop), x, float("-inf")), axis=1)[:, None]
         has_second = second > float("-inf")
         gap = tl.where(has_second, xtop - second, 0.0)
         result = tl.where(valid & (x == xtop), gap, 0.0)
     elif code == BON_MEAN:
-        s_mean = _row_sum(tl.where(valid, s, 0.0)) / tl.maximum(nf, 1.0)
-        dev = tl.where(valid, s - s_mean, 0.0)
+        # z-score of s, computed from the shifted rewards (s shifts by a constant, the z-score
+        # does not): a constant group has s exactly 0, hence exactly 0 output at any eps
+        s_y = tl.where(valid, d * y + _suffix_exclusive(o * y), 0.0)
+        s_first = _first_column(s_y, cols)
+        dev = tl.where(valid, s_y - (s_first + _row_sum(tl.where(valid, s_y - s_first, 0.0)) /
+                                     tl.maximum(nf, 1.0)), 0.0)
         std = tl.sqrt(_row_sum(dev * dev) / nm1)
         s_abs = tl.max(tl.where(valid, tl.abs(s), 0.0), axis=1)[:, None]
         constant = (std <= ZSCORE_CONSTANT_RTOL * s_abs) | (n < 2)
         result = tl.where(constant, 0.0, dev / (std + eps))
-    elif (code == CHEN_PASSK) | (code == BON_RLB) | (code == BON_RLB_POS):
+    elif code == CHEN_PASSK:
+        # ((n/k) s_i - R) / (sigma + eps) with the failure probabilities (spec 6):
+        # miss_k = 1 - R = C(n-c,k)/C(n,k), and for a wrong sample
+        # miss_rest = 1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries
+        wrong = valid & (x == 0.0)
+        miss_k = _row_sum(tl.where(wrong, d, 0.0))
+        n_wrong = tl.sum(wrong.to(tl.int32), axis=1)[:, None]
+        d_rest = _max_table(rank, n - 1, tl.maximum(ksafe - 1, 1))
+        miss_rest = tl.where(ksafe == 1, 1.0, _row_sum(tl.where(rank < n_wrong, d_rest, 0.0)))
+        sigma = tl.sqrt((1.0 - miss_k) * miss_k)
+        value = tl.where(x == 1.0, miss_k, miss_k - miss_rest) / (sigma + eps)
+        degenerate = (n_wrong == n) | (n_wrong < ksafe)  # R is exactly 0 or 1
+        result = tl.where(degenerate, 0.0, value)
+    elif (code == BON_RLB) | (code == BON_RLB_POS):
         # binary rewards; R = pass@k estimate and 1 - R, both as sums of positive weights
         correct = _row_sum(x)
         wrong = nf - correct
         pass_k = _row_sum(d * x)
         fail_k = _row_sum(tl.where(valid, d * (1.0 - x), 0.0))
         is_correct = x == 1.0
-        if code == CHEN_PASSK:
-            # ((n/k) s_j - R) / (sigma + eps): correct -> 1 - R; wrong -> -(1 - R) c / (n - c)
-            denom = tl.sqrt(pass_k * fail_k) + eps
-            neg = -fail_k * correct / tl.maximum(wrong, 1.0)
-            chen = tl.where(is_correct, fail_k, neg) / denom
-            degenerate = (correct == 0.0) | (wrong < kf)
-            result = tl.where(degenerate, 0.0, chen)
+        # Chow BoN-RLB with plug-in p = (n - c)/n, averaged over k-subsets (conventions.md);
+        # the sum-scale values are w_plus R / c (correct) and w_minus (1 - R)/(n - c) (wrong)
+        p = wrong / tl.maximum(nf, 1.0)
+        log_p = tl.log(tl.where(p > 0.0, p, 1.0))
+        p_km1 = tl.where(ksafe == 1, 1.0, tl.where(p > 0.0, tl.exp((kf - 1.0) * log_p), 0.0))
+        p_k = tl.where(p > 0.0, tl.exp(kf * log_p), 0.0)
+        one_minus_pk = tl.where(correct > 0.0, 1.0 - p_k, 1.0)
+        if code == BON_RLB:
+            w_plus = kf * p_km1 / one_minus_pk
+            w_minus = tl.where(correct > 0.0, kf * p / tl.where(correct > 0.0, 1.0 - p, 1.0),
+                               float("inf"))
+            neg = w_minus * fail_k / tl.maximum(wrong, 1.0)
         else:
-            # Chow BoN-RLB with plug-in p = (n - c)/n, averaged over k-subsets (conventions.md);
-            # the sum-scale values are w_plus R / c (correct) and w_minus (1 - R)/(n - c) (wrong)
-            p = wrong / tl.maximum(nf, 1.0)
-            log_p = tl.log(tl.where(p > 0.0, p, 1.0))
-            p_km1 = tl.where(ksafe == 1, 1.0, tl.where(p > 0.0, tl.exp((kf - 1.0) * log_p), 0.0))
-            p_k = tl.where(p > 0.0, tl.exp(kf * log_p), 0.0)
-            one_minus_pk = tl.where(correct > 0.0, 1.0 - p_k, 1.0)
-            if code == BON_RLB:
-                w_plus = kf * p_km1 / one_minus_pk
-                w_minus = tl.where(correct > 0.0, kf * p / tl.where(correct > 0.0, 1.0 - p, 1.0),
-                                   float("inf"))
-                neg = w_minus * fail_k / tl.maximum(wrong, 1.0)
-            else:
-                w_plus = kf * p_km1 * (1.0 - p) / one_minus_pk
-                neg = tl.zeros_like(fail_k)
-            pos = w_plus * pass_k / tl.maximum(correct, 1.0)
-            result = nf * tl.where(is_correct, pos, neg)
-    elif code == GRPO:
-        dev = tl.where(valid, y - ysum / tl.maximum(nf, 1.0), 0.0)
-        std = tl.sqrt(_row_sum(dev * dev) / nm1)
-        result = tl.where(n >= 2, dev / (std + eps), 0.0)
-    elif code == RLOO:
-        result = tl.where(n >= 2, y - (ysum - y) / nm1, 0.0)
-    elif code == DR_GRPO:
-        result = y - ysum / tl.maximum(nf, 1.0)
+            w_plus = kf * p_km1 * (1.0 - p) / one_minus_pk
+            neg = tl.zeros_like(fail_k)
+        pos = w_plus * pass_k / tl.maximum(correct, 1.0)
+        result = nf * tl.where(is_correct, pos, neg)
+    elif (code == GRPO) | (code == RLOO) | (code == DR_GRPO):
+        # centred on the group's smallest sample (a constant group gives exactly 0) and divided
+        # by a power of two first (exact), so that |x| near the float64 limit neither overflows
+        # the differences nor the squares
+        amax = tl.max(tl.where(valid, tl.abs(x), 0.0), axis=1)[:, None]
+        unit = _power_of_two_scale(amax)
+        inv = 1.0 / unit
+        yu = tl.where(valid, x * inv - xmin * inv, 0.0)
+        ysum_u = _row_sum(yu)
+        dev = tl.where(valid, yu - ysum_u / tl.maximum(nf, 1.0), 0.0)
+        if code == GRPO:
+            std = tl.sqrt(_row_sum(dev * dev) / nm1)
+            result = tl.where((n >= 2) & (std > 0.0), dev / (std + eps * inv), 0.0)
+        elif code == RLOO:
+            result = tl.where(n >= 2, (yu - (ysum_u - yu) / nm1) * unit, 0.0)
+        else:
+            result = dev * unit
+    elif code == MAXRL:
+        # (x_j - mean) / mean, mean = x_min + mean(y); 0 when the mean is 0 and for a singleton
+        mean = xmin + ymean
+        result = tl.where((n >= 2) & (mean != 0.0), (y - ymean) / mean, 0.0)
 
-    # ---- natural scale -> requested scale, small-group zeroing, clip, cast, scatter back
-    if (mean_scale != 0) & (code < FIRST_MEAN_SCALE_CODE):
+    # ---- natural scale -> requested scale, small-group zeroing, clip, NaN, cast, scatter back
+    if (mean_scale != 0) & (natural_mean == 0):
         result = result * nf
-    elif (mean_scale == 0) & (code >= FIRST_MEAN_SCALE_CODE):
+    elif (mean_scale == 0) & (natural_mean != 0):
         result = result / tl.maximum(nf, 1.0)
     result = tl.where(zero_group, 0.0, result)
-    result = tl.minimum(tl.maximum(result, clip_lo), clip_hi)
-    tl.store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty), mask=valid)
+    if has_bank != 0:  # a group size without a bank block
+        bad = bad | ((_bank_block(bank_index_ptr, n, bank_index_len) < 0) & (n >= 1))
+    result = _clip_keeping_nan(result, clip_lo, clip_hi)
+    result = tl.where(bad, float("nan"), result)
+    # addressed and gated by the source column: each sample of the group is written exactly once
+    tl.store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty),
+             mask=(src - start) < n)
+
+    # ---- the rest of a group larger than BLOCK (only with an undersized max_group_size)
+    rest_end = tl.max(tl.where(oversize_g, n_all_g, 0), axis=0)
+    chunk = BLOCK + tl.zeros([1], dtype=tl.int64)  # a while loop: the interpreter cannot take
+    while tl.sum(chunk, axis=0) < rest_end:  # a reduced scalar as a range() bound
+        at = chunk + cols
+        nan_out = _cast_like_torch(tl.full([GROUPS, BLOCK], float("nan"), tl.float64),
+                                   out_ptr.dtype.element_ty)
+        tl.store(out_ptr + start + at, nan_out, mask=oversize & (at < n_all))
+        chunk += BLOCK

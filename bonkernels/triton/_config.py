@@ -6,6 +6,7 @@ the set of specialisations the op can launch is defined in exactly one place.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -65,3 +66,12 @@ def all_blocks() -> list[int]:
         blocks.append(block)
         block *= 2
     return blocks
+
+
+def device_guard(tensor: torch.Tensor):
+    """Context in which a launch runs on `tensor`'s device: Triton launches on the current device
+    and that device's current torch stream, so a CUDA tensor on another device than the current
+    one needs the switch (CPU tensors under the interpreter need nothing)."""
+    if tensor.is_cuda:
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()

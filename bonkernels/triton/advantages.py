@@ -2,29 +2,25 @@
 
 `advantages_packed` is the backend interface of the project brief (packed values + CSR offsets).
 It launches exactly one kernel and, when the caller passes max_group_size, never syncs with the host.
-Eagerly it launches the kernel directly; under torch.compile it calls the registered op
-`torch.ops.bonkernels.triton_advantages` (torch.library.triton_op + wrap_triton), which the
-compiler traces into the graph.
+Eagerly it launches the kernel directly, under the values' device and on its current stream; under
+torch.compile it calls the registered op `torch.ops.bonkernels.triton_advantages`
+(torch.library.triton_op + wrap_triton), which the compiler traces into the graph.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import FakeTensor
 
-from . import _config
-from ._advantages_kernel import CODES, advantages_kernel
+from . import _config, _facts
+from ._advantages_kernel import advantages_kernel
 
-OFFPOLICY_EXACT_CODE = 5
-ESTIMATOR_K_RULES = {  # code -> (uses_k, k_margin); mirrors bonkernels/estimators.py (tests check)
-    code: (name not in ("tang_loo", "bon_max_mean", "bon_max_second", "grpo", "rloo", "dr_grpo"),
-           1 if name in ("maxk_loo", "maxk_loo_centered") else 0)
-    for name, code in CODES.items()
-}
 SMALL_GROUP_MODES = (0, 1, 2)  # error (already checked), zero, clamp
 
 
@@ -46,67 +42,104 @@ def _check_device(values: torch.Tensor) -> None:
             "Triton kernels on CPU tensors, set TRITON_INTERPRET=1 before triton is imported")
 
 
+def estimator_for_launch(code: int, deltas, bank):
+    """The registry entry of `code`, refusing what the kernel cannot do with these arguments."""
+    est = _facts.by_code(code)
+    if est is None:
+        raise ValueError(f"unknown estimator code {code} for backend='triton'")
+    if not _facts.in_kernel(est):
+        raise ValueError(f"estimator {est.name!r} is not available with backend='triton'; "
+                         "use backend='torch'")
+    if est.needs_deltas and deltas is None:
+        raise ValueError(f"estimator {est.name!r} needs deltas (pi_theta/pi_old - 1 per sample)")
+    if bank is not None and not _facts.linear_in_tables(est):
+        raise ValueError(f"estimator {est.name!r} takes no mixture bank (k_weights)")
+    return est
+
+
 def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi,
-                     mean_scale, small_groups, eps, block):
+                     mean_scale, small_groups, eps, block, bank=None, bank_index=None):
     """(grid, positional arguments, keyword arguments) of the kernel launch."""
+    est = estimator_for_launch(code, deltas, bank)
     num_groups = offsets.numel() - 1
     config = _config.config_for_block(block)
-    uses_k, k_margin = ESTIMATOR_K_RULES[code]
     grid = (triton.cdiv(num_groups, config.groups),)
-    args = (values, deltas if deltas is not None else values, offsets, out, num_groups,
-            k, code, k_margin, int(uses_k), small_groups, int(clamp_delta is not None),
+    # Tensors the kernel does not read still need a pointer of the right type: deltas only for
+    # the off-policy estimators, the bank only in bank mode.
+    deltas_arg = deltas if est.needs_deltas else values
+    has_bank = bank is not None
+    bank_arg = bank if has_bank else values.new_empty(1, dtype=torch.float64)
+    bank_index_arg = bank_index if has_bank else offsets
+    args = (values, deltas_arg, offsets, out, bank_arg, bank_index_arg,
+            num_groups, values.numel(), offsets.stride(0), bank_index_arg.numel(),
+            k, est.code, est.k_margin, int(est.uses_k), int(_facts.natural_mean(est)),
+            int(has_bank), small_groups, int(clamp_delta is not None),
             float64_bits(clamp_delta if clamp_delta is not None else 0.0), float64_bits(clip_lo),
             float64_bits(clip_hi), int(mean_scale), float64_bits(eps))
     return grid, args, dict(num_warps=config.num_warps, **config.constexprs())
 
 
 def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
-            small_groups, eps, block, wrap):
+            small_groups, eps, block, bank, bank_index, wrap):
     grid, args, kwargs = launch_arguments(values, offsets, deltas, out, k, code, clamp_delta,
-                                          clip_lo, clip_hi, mean_scale, small_groups, eps, block)
+                                          clip_lo, clip_hi, mean_scale, small_groups, eps, block,
+                                          bank, bank_index)
     kernel = wrap(advantages_kernel) if wrap is not None else advantages_kernel
-    kernel[grid](*args, **kwargs)
+    with _launch_guard(values):
+        kernel[grid](*args, **kwargs)
+
+
+def _launch_guard(values):
+    """The values' device (and so its current stream) for a real launch; nothing while tracing
+    (the compiler's generated launch code sets the device itself)."""
+    if isinstance(values, FakeTensor) or torch.compiler.is_compiling():
+        return nullcontext()
+    return _config.device_guard(values)
+
+
+def _new_output(values: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(values)
 
 
 @torch.library.triton_op("bonkernels::triton_advantages", mutates_args=())
 def triton_advantages(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor],
                       k: int, code: int, clamp_delta: Optional[float], clip_lo: float,
                       clip_hi: float, mean_scale: bool, small_groups: int, eps: float,
-                      block: int) -> torch.Tensor:
+                      block: int, bank: Optional[torch.Tensor] = None,
+                      bank_index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The kernel as a torch op; `block` is the power-of-two bucket of the largest group."""
     out = torch.empty_like(values)
     if values.numel() == 0 or offsets.numel() <= 1:
         return out
     _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
-            small_groups, eps, block, torch.library.wrap_triton)
+            small_groups, eps, block, bank, bank_index, torch.library.wrap_triton)
     return out
 
 
 def _direct(values, offsets, deltas, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
-            small_groups, eps, block):
+            small_groups, eps, block, bank, bank_index):
     """The same launch without the op wrapper (the interpreter's functions are not JITFunctions)."""
-    out = torch.empty_like(values)
+    out = _new_output(values)
     if values.numel() == 0 or offsets.numel() <= 1:
         return out
     _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
-            small_groups, eps, block, None)
+            small_groups, eps, block, bank, bank_index, None)
     return out
 
 
 def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor],
                       k: int, estimator_code: int, clamp_delta: Optional[float], clip_lo: float,
                       clip_hi: float, mean_scale: bool, small_groups: int, eps: float,
-                      max_group_size: Optional[int]) -> torch.Tensor:
+                      max_group_size: Optional[int] = None, *, bank: Optional[torch.Tensor] = None,
+                      bank_index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Advantages of a packed batch (the backend interface); see docs/conventions.md.
 
-    max_group_size=None costs one host sync to find the largest group.
+    max_group_size=None costs one host sync to find the largest group. With check_inputs=False
+    upstream, a max_group_size below the largest group gives NaN for the groups above the launch's
+    block (never memory outside the output). `bank`/`bank_index`: a k mixture's weight tables.
     """
     _check_device(values)
-    if estimator_code == OFFPOLICY_EXACT_CODE:
-        raise ValueError("estimator 'maxk_offpolicy_exact' is not available with backend='triton'; "
-                         "use backend='torch'")
-    if estimator_code not in ESTIMATOR_K_RULES:
-        raise ValueError(f"unknown estimator code {estimator_code} for backend='triton'")
+    estimator_for_launch(estimator_code, deltas, bank)
     if values.dtype not in _config.VALUE_DTYPES:
         raise TypeError(f"backend='triton' takes float16/bfloat16/float32/float64 rewards, "
                         f"got {values.dtype}")
@@ -116,17 +149,23 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
         raise ValueError("advantages_packed takes a contiguous 1-D values tensor")
     if deltas is not None and (deltas.shape != values.shape or not deltas.is_contiguous()):
         raise ValueError("deltas must be a contiguous tensor shaped like values")
-    if offsets.dtype != torch.int64 or offsets.device != values.device:
-        raise ValueError("offsets must be int64 on the values' device")
+    if offsets.dtype != torch.int64 or offsets.device != values.device or offsets.dim() != 1:
+        raise ValueError("offsets must be a 1-D int64 tensor on the values' device")
+    if bank is not None and (bank.dtype != torch.float64 or bank_index is None
+                             or bank_index.dtype != torch.int64 or bank.device != values.device
+                             or bank_index.device != values.device or not bank.is_contiguous()
+                             or not bank_index.is_contiguous()):
+        raise ValueError("bank must be a contiguous float64 tensor with a contiguous int64 "
+                         "bank_index, both on the values' device")
     if max_group_size is None:
         sizes = offsets[1:] - offsets[:-1]
         max_group_size = int(sizes.max()) if sizes.numel() else 0
-    block = _config.block_for(int(max_group_size))
+    block = _config.block_for(max(int(max_group_size), 0))
     # k beyond int32 behaves like any k > n (and would change the kernel's argument type)
     k = min(int(k), 2**31 - 1)
     args = (values, offsets, deltas, k, int(estimator_code),
             None if clamp_delta is None else float(clamp_delta), float(clip_lo), float(clip_hi),
-            bool(mean_scale), int(small_groups), float(eps), block)
+            bool(mean_scale), int(small_groups), float(eps), block, bank, bank_index)
     if interpreting() or not torch.compiler.is_compiling():
         # eager: launch directly (the op's dispatch costs microseconds a small batch feels);
         # the interpreter's kernels cannot go through wrap_triton at all

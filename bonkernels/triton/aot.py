@@ -40,13 +40,17 @@ def specialisations() -> list[Specialisation]:
 
 def _signature(dtype_name: str) -> dict:
     """The kernel's argument types as the launcher passes them (ints are i32: k, codes and group
-    counts fit; float scalars travel as i64 bit patterns)."""
+    counts fit; sizes and strides of the tensors are i64; float scalars travel as i64 bit
+    patterns)."""
     ptr = "*" + dtype_name
     return {
         "values_ptr": ptr, "deltas_ptr": ptr, "offsets_ptr": "*i64", "out_ptr": ptr,
-        "num_groups": "i32", "k": "i32", "code": "i32", "k_margin": "i32", "uses_k": "i32",
-        "small_groups": "i32", "has_clamp": "i32", "clamp_delta_bits": "i64",
-        "clip_lo_bits": "i64", "clip_hi_bits": "i64", "mean_scale": "i32", "eps_bits": "i64",
+        "bank_ptr": "*fp64", "bank_index_ptr": "*i64",
+        "num_groups": "i32", "num_values": "i64", "offsets_stride": "i64",
+        "bank_index_len": "i64", "k": "i32", "code": "i32", "k_margin": "i32", "uses_k": "i32",
+        "natural_mean": "i32", "has_bank": "i32", "small_groups": "i32", "has_clamp": "i32",
+        "clamp_delta_bits": "i64", "clip_lo_bits": "i64", "clip_hi_bits": "i64",
+        "mean_scale": "i32", "eps_bits": "i64",
         "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr", "GROUPS": "constexpr",
         "RANK_SORT": "constexpr",
     }
@@ -67,6 +71,33 @@ def compile_one(spec: Specialisation, arch: int):
                           options={"num_warps": spec.config.num_warps})
 
 
+def resource_usage(ptx: str, arch: int) -> str:
+    """Registers and spills of a kernel, from `ptxas -v` on its PTX (the ptxas bundled with
+    triton; no GPU needed). Empty when ptxas is not found."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        run = subprocess.run([ptxas, f"-arch={gpu}", "-v", path, "-o", os.devnull],
+                             capture_output=True, text=True)
+    text = run.stdout + run.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if not regs or not spills:
+        return ""
+    return f", {regs.group(1)} registers, spills {spills.group(1)}/{spills.group(2)} bytes"
+
+
 def _compile_job(job) -> tuple[bool, str]:
     """Compile one (specialisation, arch); returns (ok, message). Runs in a worker process."""
     spec, arch = job
@@ -76,7 +107,8 @@ def _compile_job(job) -> tuple[bool, str]:
         if not compiled.asm.get("cubin"):
             raise RuntimeError("no cubin produced")
         return True, (f"sm_{arch} {spec.describe()} ({time.perf_counter() - start:.1f} s, "
-                      f"{len(compiled.asm['cubin'])} bytes of cubin)")
+                      f"{len(compiled.asm['cubin'])} bytes of cubin"
+                      f"{resource_usage(compiled.asm['ptx'], arch)})")
     except Exception as error:  # report every failing specialisation, not just the first
         return False, f"sm_{arch} {spec.describe()}: {type(error).__name__}: {error}"
 

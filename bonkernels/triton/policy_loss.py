@@ -12,10 +12,12 @@ The per-token math is the one in ``bonkernels/loss.py`` (``reference_loss`` / ``
 from __future__ import annotations
 
 import os
+import struct
 
 import torch
 
 from ..loss import SavedGradientLoss
+from ._config import device_guard
 
 try:
     import triton
@@ -26,6 +28,11 @@ except ImportError:  # pragma: no cover - triton is optional
 
 LOG_RATIO_LIMIT = 20.0
 _NUM_PARTIALS = 4  # loss, clipped tokens, k1(old, new), k3(ref)
+
+
+def float64_bits(x: float) -> int:
+    """The IEEE float64 bit pattern of x as a signed int64 (the kernel's float scalar arguments)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
 
 def interpreting() -> bool:
@@ -46,9 +53,17 @@ def require(logp: torch.Tensor) -> None:
 if triton is not None:
     _LIMIT = tl.constexpr(LOG_RATIO_LIMIT)
 
-    @triton.jit
+    # One compilation per dtype and flag set: the sequence length, the block count and the strides
+    # are plain runtime integers (no specialisation on 1 or on multiples of 16), the pointers are
+    # not specialised on alignment, and BLOCK_T is fixed (longer rows use more programs).
+    @triton.jit(do_not_specialize=["T", "n_blocks", "s_logp", "s_old", "s_ref", "s_mask", "s_grad",
+                                   "clip_lo_bits", "clip_hi_bits", "kl_coef_bits"],
+                do_not_specialize_on_alignment=["logp_ptr", "old_ptr", "ref_ptr", "mask_ptr",
+                                                "adv_ptr", "roww_ptr", "grad_ptr", "part_ptr"])
     def _policy_loss_kernel(logp_ptr, old_ptr, ref_ptr, mask_ptr, adv_ptr, roww_ptr, grad_ptr, part_ptr,
-                            scal_ptr, T, n_blocks, s_logp, s_old, s_ref, s_mask, s_grad,
+                            T, n_blocks, s_logp: tl.int64, s_old: tl.int64, s_ref: tl.int64,
+                            s_mask: tl.int64, s_grad: tl.int64, clip_lo_bits: tl.int64,
+                            clip_hi_bits: tl.int64, kl_coef_bits: tl.int64,
                             PPO: tl.constexpr, HAS_REF: tl.constexpr, HAS_MASK: tl.constexpr,
                             USE_KL: tl.constexpr, WRITE_GRAD: tl.constexpr, FP64: tl.constexpr,
                             BLOCK_T: tl.constexpr):
@@ -68,10 +83,11 @@ if triton is not None:
         # masked-out tokens may hold anything (NaN included): never load them
         lp = tl.load(logp_ptr + row * s_logp + cols, mask=valid, other=0.0).to(acc_t)
         old = tl.load(old_ptr + row * s_old + cols, mask=valid, other=0.0).to(acc_t)
-        # the scalars come as a tensor in the compute dtype (a float argument would be float32)
-        clip_lo = tl.load(scal_ptr + 0).to(acc_t)
-        clip_hi = tl.load(scal_ptr + 1).to(acc_t)
-        kl_coef = tl.load(scal_ptr + 2).to(acc_t)
+        # the scalars travel as float64 bit patterns (a float argument would be float32, and a
+        # tensor of them would cost a host-to-device copy per call)
+        clip_lo = clip_lo_bits.to(tl.int64).to(tl.float64, bitcast=True).to(acc_t)
+        clip_hi = clip_hi_bits.to(tl.int64).to(tl.float64, bitcast=True).to(acc_t)
+        kl_coef = kl_coef_bits.to(tl.int64).to(tl.float64, bitcast=True).to(acc_t)
         A = tl.load(adv_ptr + row).to(acc_t)
         w = tl.load(roww_ptr + row).to(acc_t)
         zero = tl.zeros([BLOCK_T], dtype=acc_t)
@@ -115,40 +131,47 @@ if triton is not None:
         tl.store(base + 3, k3)
 
 
-def _block_size(T: int) -> int:
-    block = triton.next_power_of_2(max(T, 16))
-    # Under the interpreter every program costs milliseconds: one block per row. On a GPU keep
-    # blocks moderate so long rows spread over many programs.
-    return block if interpreting() else min(block, 2048)
+BLOCK_T = 512  # tokens per program: a fixed block, so a new sequence length never recompiles
+NUM_WARPS = 4
+
+
+def launch_arguments(logp, old_c, ref_c, mask_c, adv, row_w, grad, partials, n_blocks, ppo,
+                     clip_lo, clip_hi, kl_coef, write_grad):
+    """(grid, positional arguments, keyword arguments) of the kernel launch."""
+    B, T = logp.shape
+    has_ref = ref_c is not None
+    ref_arg = ref_c if has_ref else logp
+    args = (logp, old_c, ref_arg, mask_c, adv, row_w, grad if write_grad else logp, partials,
+            T, n_blocks, logp.stride(0), old_c.stride(0), ref_arg.stride(0), mask_c.stride(0),
+            grad.stride(0) if write_grad else 0,
+            float64_bits(clip_lo), float64_bits(clip_hi), float64_bits(kl_coef))
+    kwargs = dict(PPO=bool(ppo), HAS_REF=has_ref, HAS_MASK=True,
+                  USE_KL=bool(has_ref and kl_coef > 0), WRITE_GRAD=bool(write_grad),
+                  FP64=adv.dtype == torch.float64, BLOCK_T=BLOCK_T, num_warps=NUM_WARPS)
+    return (B, n_blocks), args, kwargs
 
 
 def launch(logp, old_logp, ref_logp, valid, adv, row_w, ppo, clip_lo, clip_hi, kl_coef, write_grad):
     """Run the kernel; returns (loss sum, stat sums [3], grad or None) in the compute dtype."""
     B, T = logp.shape
-    fp64 = adv.dtype == torch.float64
     dtype = adv.dtype
     logp_c = logp.detach() if logp.stride(-1) == 1 else logp.detach().contiguous()
     old_c = old_logp if old_logp.stride(-1) == 1 else old_logp.contiguous()
-    has_ref = ref_logp is not None
-    ref_c = (ref_logp if ref_logp.stride(-1) == 1 else ref_logp.contiguous()) if has_ref else logp_c
+    ref_c = None
+    if ref_logp is not None:
+        ref_c = ref_logp if ref_logp.stride(-1) == 1 else ref_logp.contiguous()
     mask_c = valid.contiguous()
     if mask_c.dtype == torch.bool:
         mask_c = mask_c.view(torch.uint8)
-    block = _block_size(T)
-    n_blocks = triton.cdiv(max(T, 1), block)
-    scalars = torch.tensor([clip_lo, clip_hi, kl_coef], dtype=dtype, device=logp.device)
+    n_blocks = triton.cdiv(max(T, 1), BLOCK_T)
     partials = torch.zeros(B * n_blocks * _NUM_PARTIALS, dtype=dtype, device=logp.device)
     grad = torch.empty((B, T), dtype=logp.dtype, device=logp.device) if write_grad else None
     if B > 0 and T > 0:
-        _policy_loss_kernel[(B, n_blocks)](
-            logp_c, old_c, ref_c, mask_c, adv.contiguous(), row_w.contiguous(),
-            grad if write_grad else logp_c, partials,
-            scalars, T, n_blocks, logp_c.stride(0), old_c.stride(0), ref_c.stride(0), mask_c.stride(0),
-            grad.stride(0) if write_grad else 0,
-            PPO=bool(ppo), HAS_REF=has_ref, HAS_MASK=True, USE_KL=bool(has_ref and kl_coef > 0),
-            WRITE_GRAD=bool(write_grad), FP64=fp64, BLOCK_T=block,
-            num_warps=4 if block <= 1024 else 8,
-        )
+        grid, args, kwargs = launch_arguments(logp_c, old_c, ref_c, mask_c, adv.contiguous(),
+                                              row_w.contiguous(), grad, partials, n_blocks, ppo,
+                                              clip_lo, clip_hi, kl_coef, write_grad)
+        with device_guard(logp):  # the tensors' device and its current stream
+            _policy_loss_kernel[grid](*args, **kwargs)
     elif write_grad:
         grad.zero_()
     totals = partials.view(-1, _NUM_PARTIALS).sum(0)
