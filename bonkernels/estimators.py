@@ -73,6 +73,8 @@ _ENTRIES = (
               summary="g_i - mean of the others"),
     Estimator("dr_grpo", 16, "mean", uses_k=False, spec="-",
               summary="g_i - group mean"),
+    Estimator("maxrl", 17, "mean", uses_k=False, spec="12",
+              summary="MaxRL: (r_i - mean) / mean, 0 when the mean is 0"),
 )
 
 REGISTRY = {e.name: e for e in _ENTRIES}
