@@ -291,3 +291,21 @@ def test_large_group_tables_stay_finite():
     D = block[:1024]
     assert torch.isfinite(block).all()
     assert D.sum().item() == pytest.approx(sum(w), rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 10])
+def test_maxrl_is_the_harmonic_centered_loo_mixture_for_binary_rewards(n):
+    """Why maxrl targets H_{N-1}: on binary rewards its one-liner equals, exactly, the harmonic
+    mixture over k = 1..n-1 of the centered leave-one-out weights s^(loo,c) (spec 2.3), which is
+    unbiased for sum_{k<n} (1/k) grad pass@k. (Not so for continuous rewards.)"""
+    g = torch.Generator().manual_seed(n)
+    r = (torch.rand(300, n, generator=g, dtype=torch.float64) > 0.6).to(torch.float64)
+    a = bk.advantages(r, estimator="maxrl", backend="torch", scale="sum")
+    b = bk.advantages(r, estimator="maxk_loo_centered", k_weights=bk.maxrl_weights(n - 1), backend="torch",
+                      scale="sum")
+    assert torch.allclose(a, b, rtol=0, atol=1e-14)
+    rc = torch.rand(20, n, generator=g, dtype=torch.float64)
+    a = bk.advantages(rc, estimator="maxrl", backend="torch", scale="sum")
+    b = bk.advantages(rc, estimator="maxk_loo_centered", k_weights=bk.maxrl_weights(n - 1), backend="torch",
+                      scale="sum")
+    assert (a - b).abs().max() > 1e-3
