@@ -363,7 +363,7 @@ def _select_single_k_backend(backend: str, values: torch.Tensor, est: estimators
     if backend == "torch":
         return reference.advantages_packed
     if backend == "auto":
-        return _auto_backend(values, max_group_size)
+        return _auto_backend(values, max_group_size, est)
     if backend == "triton":
         return _triton_backend(values)
     return _native_backend(backend, values)
@@ -401,7 +401,26 @@ def _triton_backend(values: torch.Tensor):
     return triton_backend.advantages_packed
 
 
-def _auto_backend(values: torch.Tensor, max_group_size: Optional[int]):
+def _native_knows(est: estimators.Estimator) -> bool:
+    """Whether the compiled extension implements this estimator (an extension built before a newer
+    registry entry does not); ``auto`` then uses the reference instead. Probed once per code."""
+    if est.code not in _NATIVE_KNOWS:
+        from . import _native
+        values = torch.zeros(2, dtype=torch.float64)
+        deltas = torch.zeros_like(values) if est.needs_deltas else None
+        try:
+            _native.advantages_packed(values, torch.tensor([0, 2]), deltas, 1, est.code, None, -math.inf,
+                                      math.inf, False, 2, 1e-6, 2)
+            _NATIVE_KNOWS[est.code] = True
+        except (ValueError, RuntimeError):
+            _NATIVE_KNOWS[est.code] = False
+    return _NATIVE_KNOWS[est.code]
+
+
+_NATIVE_KNOWS = {}
+
+
+def _auto_backend(values: torch.Tensor, max_group_size: Optional[int], est: estimators.Estimator):
     """Fastest available: the native kernel for the tensor's device, then Triton on CUDA, then torch.
 
     The GPU kernels take groups up to a fixed size (4096); with a known larger bound auto falls
@@ -411,6 +430,8 @@ def _auto_backend(values: torch.Tensor, max_group_size: Optional[int]):
         from . import _native
     except ImportError:
         _native = None
+    if _native is not None and _native.available() and not _native_knows(est):
+        return reference.advantages_packed
     if not values.is_cuda:
         if _native is not None and _native.available():
             return _native.advantages_packed

@@ -95,6 +95,27 @@ def maxrl_weights(T: int) -> Tuple[float, ...]:
     return tuple(1.0 / k for k in range(1, T + 1))
 
 
+def parse_k_weights(text: str) -> Tuple[float, ...]:
+    """Weights from a command-line / environment spelling: ``harmonic:T`` (MaxRL's 1, 1/2, ..., 1/T),
+    ``uniform:T`` (1 for k = 1..T), or an explicit comma-separated list ``w_1,w_2,...,w_T``."""
+    text = str(text).strip()
+    kind, _, arg = text.partition(":")
+    if kind in ("harmonic", "uniform"):
+        try:
+            T = int(arg)
+        except ValueError:
+            raise ValueError(f"k weights {text!r}: write {kind}:T with T an int >= 1") from None
+        if T < 1:
+            raise ValueError(f"k weights {text!r}: T must be >= 1")
+        return maxrl_weights(T) if kind == "harmonic" else tuple([1.0] * T)
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"k weights {text!r}: write harmonic:T, uniform:T or a comma-separated "
+                         "list of weights for k = 1, 2, ...") from None
+    return normalize_k_weights(values)
+
+
 def anneal_k_weights(k_start: int, k_end: int, progress: float) -> Tuple[float, ...]:
     """PKPO's k annealing as a mixture: the weights over k at a point of a linear schedule.
 
