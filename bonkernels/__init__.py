@@ -2,11 +2,13 @@
 
 Public API (nothing else is public):
 
-    advantages(rewards, k, estimator="maxk_loo1", *, offsets=None, lengths=None, group_ids=None,
-               deltas=None, clamp_delta=None, clip=None, scale="mean", backend="auto",
+    advantages(rewards, k=None, estimator="maxk_loo1", *, k_weights=None, offsets=None, lengths=None,
+               group_ids=None, deltas=None, clamp_delta=None, clip=None, scale="mean", backend="auto",
                small_groups="error", eps=1e-6, check_inputs=True, max_group_size=None)
-    pass_at_k(correct, k, *, offsets=None, lengths=None, group_ids=None)
-    max_at_k(rewards, k, *, offsets=None, lengths=None, group_ids=None)
+    pass_at_k(correct, k=None, *, k_weights=None, offsets=None, lengths=None, group_ids=None)
+    max_at_k(rewards, k=None, *, k_weights=None, offsets=None, lengths=None, group_ids=None)
+    maxrl_weights(T)                          -> (1, 1/2, ..., 1/T): MaxRL's order-T truncation
+    anneal_k_weights(k_start, k_end, progress) -> PKPO's k annealing as weights over k
     policy_loss(logp, old_logp, rewards, k, estimator="maxk_loo1", *, mask=None, offsets=None,
                 group_size=None, ref_logp=None, kl_coef=0.0, clip_eps=0.2, clamp_delta=None,
                 weighting="ppo", loss_agg="token_mean", backend="auto") -> (loss, stats)
@@ -20,7 +22,9 @@ from .estimators import BON_RLB_DEFAULT_CLIP, ESTIMATORS
 from .loss import policy_loss
 from .objective import maxk_objective
 from .ops import BACKENDS, advantages, max_at_k, pass_at_k
+from .tables import anneal_k_weights, maxrl_weights
 
 __version__ = "0.1.0"
 
-__all__ = ["advantages", "pass_at_k", "max_at_k", "policy_loss", "maxk_objective", "ESTIMATORS", "BACKENDS", "BON_RLB_DEFAULT_CLIP"]
+__all__ = ["advantages", "pass_at_k", "max_at_k", "policy_loss", "maxk_objective", "ESTIMATORS", "BACKENDS", "BON_RLB_DEFAULT_CLIP",
+           "maxrl_weights", "anneal_k_weights"]

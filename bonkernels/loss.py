@@ -53,8 +53,8 @@ _CPU_CHUNK_TOKENS = 1 << 16
 _STAT_SUMS = ("clipped_tokens", "k1_old_new", "k3_ref")
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tensor, k: int,
-                estimator: str = "maxk_loo1", *, mask: Optional[torch.Tensor] = None,
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tensor, k: Optional[int],
+                estimator: str = "maxk_loo1", *, k_weights=None, mask: Optional[torch.Tensor] = None,
                 offsets: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
                 group_ids: Optional[torch.Tensor] = None, ref_logp: Optional[torch.Tensor] = None,
                 kl_coef: float = 0.0, clip_eps: Union[float, Tuple[float, float]] = 0.2,
@@ -68,7 +68,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
             tensor the gradient flows to).
         old_logp: ``[B, T]`` log-probabilities under the sampling policy (treated as constant).
         rewards: ``[B]`` one scalar reward per sequence (treated as constant).
-        k: the pass@k / max@k target (a Python int >= 1; see ``bonkernels.advantages``).
+        k: the pass@k / max@k target (a Python int >= 1; see ``bonkernels.advantages``); None with
+            ``k_weights`` or for an estimator that ignores k.
+        k_weights: a mixture over k instead of k (weights for k = 1..T; docs/spec.md section 12).
         estimator: any of ``bonkernels.ESTIMATORS``. The off-policy estimators
             (``maxk_offpolicy``, ``maxk_offpolicy_exact``) get their deltas from the sequence
             log-ratios and need ``weighting="direct"``.
@@ -102,7 +104,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
         0/1 rewards), ``num_tokens``.
     """
     est = estimators.get(estimator)
-    _check_options(est, k, weighting, loss_agg, backend, kl_coef, ref_logp, clamp_delta)
+    # k may be None with k_weights (a mixture over k) or for an estimator that ignores k;
+    # advantages() checks k and k_weights together
+    _check_options(est, 1 if k is None else k, weighting, loss_agg, backend, kl_coef, ref_logp, clamp_delta)
     clip_lo, clip_hi = _clip_range(clip_eps)
     B, T = _check_shapes(logp, old_logp, rewards, mask, ref_logp)
     layout_kwargs = _group_layout(B, offsets, group_size, group_ids, rewards.device)
@@ -121,7 +125,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
                              "pass clamp_delta to bound the off-policy deltas")
 
     from .ops import advantages   # late import: the package's __init__ imports this module
-    adv = advantages(rewards.detach().to(torch.float64), k, estimator, deltas=deltas, scale="mean",
+    adv = advantages(rewards.detach().to(torch.float64), k, estimator, k_weights=k_weights, deltas=deltas,
+                     scale="mean",
                      eps=eps, check_inputs=check_inputs, **layout_kwargs)
 
     compute_dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
@@ -132,7 +137,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
     impl = _select_backend(backend, logp)
     loss, sums = impl(logp, old_logp, ref_logp, valid, adv.to(compute_dtype), row_w, params)
 
-    stats = _stats(sums, tokens, adv, rewards, k, layout_kwargs)
+    stats = _stats(sums, tokens, adv, rewards, (k or 1) if k_weights is None else k_weights, layout_kwargs)
     return loss, stats
 
 
@@ -290,10 +295,18 @@ def _triton_available() -> bool:
 
 
 def _group_objective(rewards, k, layout_kwargs) -> torch.Tensor:
-    """Mean over non-empty groups of the unbiased max@k (k lowered to n_g for smaller groups)."""
+    """Mean over non-empty groups of the unbiased max@k (k lowered to n_g for smaller groups);
+    with k a sequence of weights over k, the mixed sum_k w_k max@k (spec 12)."""
     values64 = rewards.detach().to(torch.float64)
     layout = make_layout(values64, check=False, **layout_kwargs)
-    per_group = reference.max_at_k_packed(layout.pack(values64).contiguous(), layout.offsets, k, small_groups=2)
+    packed = layout.pack(values64).contiguous()
+    if isinstance(k, int):
+        per_group = reference.max_at_k_packed(packed, layout.offsets, k, small_groups=2)
+    else:
+        from . import tables
+        weights = tables.normalize_k_weights(k)
+        bank, index = tables.build_bank("maxk", weights, tables.bank_sizes(layout.offsets), 2, packed.device)
+        per_group = reference.max_at_k_packed(packed, layout.offsets, len(weights), 2, bank, index)
     live = (layout.offsets[1:] - layout.offsets[:-1]) > 0
     return (per_group * live).sum() / live.sum().clamp(min=1)
 

@@ -7,13 +7,14 @@ estimator_code, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, ma
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from typing import Optional, Tuple
 
 import torch
 
-from . import estimators, reference
+from . import estimators, reference, tables
 from .groups import GroupLayout, make_layout
 
 BACKENDS = ("auto", "torch", "cpu", "cuda", "triton")
@@ -21,7 +22,8 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SMALL_GROUP_CODES = {"error": 0, "zero": 1, "clamp": 2}
 
 
-def advantages(rewards: torch.Tensor, k: int, estimator: str = "maxk_loo1", *, offsets=None, lengths=None,
+def advantages(rewards: torch.Tensor, k: Optional[int] = None, estimator: str = "maxk_loo1", *, k_weights=None,
+               offsets=None, lengths=None,
                group_ids=None, deltas: Optional[torch.Tensor] = None, clamp_delta: Optional[float] = None,
                clip: Optional[Tuple[float, float]] = None, scale: str = "mean", backend: str = "auto",
                small_groups: str = "error", eps: float = 1e-6, check_inputs: bool = True,
@@ -32,8 +34,15 @@ def advantages(rewards: torch.Tensor, k: int, estimator: str = "maxk_loo1", *, o
         rewards: float16/bfloat16/float32/float64 rewards: ``[G, n]`` (full rows, or a valid prefix
             per row with ``lengths``) or ``[N]`` with ``offsets`` or ``group_ids``.
         k: the target of pass@k / max@k (a Python int >= 1; ignored by ``tang_loo``, ``grpo``,
-            ``rloo``, ``dr_grpo``, ``bon_max_mean``, ``bon_max_second``).
+            ``rloo``, ``dr_grpo``, ``bon_max_mean``, ``bon_max_second``, ``maxrl``, which may
+            leave it None). Must be None when ``k_weights`` is given.
         estimator: one of :data:`bonkernels.ESTIMATORS` (see docs/conventions.md).
+        k_weights: a mixture over k (spec 12): a 1-D sequence or tensor ``w`` of finite weights
+            >= 0 for k = 1..T, not all zero; the advantages are those of the objective
+            ``sum_k w_k max@k``. For the estimators linear in their tables (``maxk``, ``passk``,
+            ``maxk_loo``, ``maxk_loo_centered``, ``maxk_loo1``, ``maxk_offpolicy``,
+            ``maxk_offpolicy_exact``). The k rules and ``small_groups`` apply to the largest k with
+            a non-zero weight ("clamp" moves the weight of too-large k to the largest valid k).
         offsets: int64 ``[G+1]`` CSR offsets into packed ``[N]`` rewards.
         lengths: int ``[G]``, the valid prefix of each row of padded ``[G, n]`` rewards.
         group_ids: integer ``[N]``; samples of a group need not be adjacent.
@@ -57,7 +66,11 @@ def advantages(rewards: torch.Tensor, k: int, estimator: str = "maxk_loo1", *, o
     """
     est = estimators.get(estimator)
     _check_rewards(rewards, allow_integer=False)
-    _check_k(k)
+    weights = _resolve_k(k, k_weights, est)
+    if weights is not None:
+        k = tables.largest_k(weights)
+    elif k is None:
+        k = 1                                  # ignored by this estimator
     if scale not in ("sum", "mean"):
         raise ValueError(f"scale must be 'sum' or 'mean', got {scale!r}")
     small_code = _small_groups_code(small_groups)
@@ -83,6 +96,8 @@ def advantages(rewards: torch.Tensor, k: int, estimator: str = "maxk_loo1", *, o
         _check_finite("rewards", values, layout)
         if est.binary:
             _check_binary(values, layout, est.name)
+        if est.name == "maxrl":
+            _check_non_negative(values, layout, est.name)
         if packed_deltas is not None:
             _check_finite("deltas", packed_deltas, layout)
             _check_deltas_range(packed_deltas, layout)
@@ -98,34 +113,88 @@ def advantages(rewards: torch.Tensor, k: int, estimator: str = "maxk_loo1", *, o
     if check_inputs and max_group_size is None and values.is_cuda:
         sizes = layout.offsets[1:] - layout.offsets[:-1]
         max_group_size = int(sizes.max()) if sizes.numel() else 0   # already synced: give kernels the bound
-    impl = _select_backend(backend, values, est, max_group_size)
+    if weights is not None and est.name in tables.SUM_OVER_K_ESTIMATORS:
+        _select_backend(backend, values, est, max_group_size)       # the backend checks only
+        out = _sum_over_k(values, layout, packed_deltas, weights, est, clamp_delta, clip_lo, clip_hi,
+                          scale == "mean", small_code, float(eps), max_group_size)
+        return layout.unpack(out)
+    impl = _select_backend(backend, values, est, max_group_size, mixture=weights is not None)
+    extra = {}
+    if weights is not None:
+        sizes = tables.bank_sizes(layout.offsets, max_group_size,
+                                  rewards.shape[1] if layout.kind == "full" else None)
+        extra["bank"], extra["bank_index"] = tables.build_bank(est.name, weights, sizes, small_code, values.device)
     out = impl(values, layout.offsets, packed_deltas, k, est.code, clamp_delta, clip_lo, clip_hi,
-               scale == "mean", small_code, float(eps), max_group_size)
+               scale == "mean", small_code, float(eps), max_group_size, **extra)
     return layout.unpack(out)
 
 
-def pass_at_k(correct: torch.Tensor, k: int, *, offsets=None, lengths=None, group_ids=None,
-              small_groups: str = "error") -> torch.Tensor:
+def _resolve_k(k, k_weights, est: estimators.Estimator):
+    """The normalized mixture weights (None for a single k), after checking k against them."""
+    if k_weights is None:
+        if k is None:
+            if est.uses_k:
+                raise TypeError(f"estimator {est.name!r} needs k (an int >= 1) or k_weights")
+            return None
+        _check_k(k)
+        return None
+    if k is not None:
+        raise ValueError("give either k or k_weights, not both (k_weights already says which k count)")
+    if est.name not in tables.MIXABLE_ESTIMATORS:
+        kind = "ignores k" if not est.uses_k else "is not linear in its weight tables"
+        raise ValueError(f"k_weights (a mixture over k) does not apply to {est.name!r}, which {kind}; "
+                         f"mixtures run for {', '.join(tables.MIXABLE_ESTIMATORS)}")
+    return tables.normalize_k_weights(k_weights)
+
+
+def _sum_over_k(values, layout, deltas, weights, est, clamp_delta, clip_lo, clip_hi, mean_scale,
+                small_code, eps, max_group_size):
+    """A mixture for an estimator without a table bank: sum_k w_k A^(k) of reference calls."""
+    sizes = layout.offsets[1:] - layout.offsets[:-1]
+    total = torch.zeros(values.shape, dtype=torch.float64, device=values.device)
+    for k, w in enumerate(weights, start=1):
+        if w == 0:
+            continue
+        part = reference.advantages_packed(values.to(torch.float64), layout.offsets,
+                                           None if deltas is None else deltas.to(torch.float64), k,
+                                           est.code, clamp_delta, -math.inf, math.inf, mean_scale, 2, eps,
+                                           max_group_size)
+        total += w * part
+    if small_code != 2:                        # zero (and unchecked error): the largest k decides
+        too_small = sizes - est.k_margin < tables.largest_k(weights)
+        sample_group = torch.repeat_interleave(too_small, sizes)
+        total = torch.where(sample_group, torch.zeros_like(total), total)
+    return total.clamp(clip_lo, clip_hi).to(values.dtype)
+
+
+def pass_at_k(correct: torch.Tensor, k: Optional[int] = None, *, k_weights=None, offsets=None, lengths=None,
+              group_ids=None, small_groups: str = "error") -> torch.Tensor:
     """Unbiased pass@k per group (Chen et al. 2021): 1 - C(n-c, k)/C(n, k).
 
     ``correct`` holds 0/1 values (bool, integer or float). Returns ``[G]`` in the input's float
     dtype (float64 for bool/integer input). Groups are in layout order (ascending id for group_ids).
+    With ``k_weights`` (instead of k): the mixed metric sum_k w_k pass@k (spec 12).
     """
     _check_rewards(correct, allow_integer=True)
+    weights = _resolve_k(k, k_weights, estimators.get("maxk"))
+    k = tables.largest_k(weights) if weights is not None else k
     values, layout = _metric_values(correct, k, offsets, lengths, group_ids, small_groups)
     _check_binary(values, layout, "pass_at_k")
-    return _metric(values, layout, k, small_groups, correct.dtype)
+    return _metric(values, layout, k, small_groups, correct.dtype, weights)
 
 
-def max_at_k(rewards: torch.Tensor, k: int, *, offsets=None, lengths=None, group_ids=None,
-             small_groups: str = "error") -> torch.Tensor:
+def max_at_k(rewards: torch.Tensor, k: Optional[int] = None, *, k_weights=None, offsets=None, lengths=None,
+             group_ids=None, small_groups: str = "error") -> torch.Tensor:
     """Unbiased max@k per group: the mean over all k-subsets of the subset's best reward.
 
     Returns ``[G]`` in the rewards' dtype. Groups are in layout order (ascending id for group_ids).
+    With ``k_weights`` (instead of k): the mixed metric sum_k w_k max@k (spec 12).
     """
     _check_rewards(rewards, allow_integer=False)
+    weights = _resolve_k(k, k_weights, estimators.get("maxk"))
+    k = tables.largest_k(weights) if weights is not None else k
     values, layout = _metric_values(rewards, k, offsets, lengths, group_ids, small_groups)
-    return _metric(values, layout, k, small_groups, rewards.dtype)
+    return _metric(values, layout, k, small_groups, rewards.dtype, weights)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -143,8 +212,14 @@ def _metric_values(t, k, offsets, lengths, group_ids, small_groups):
     return values, layout
 
 
-def _metric(values, layout, k, small_groups, dtype):
-    result = reference.max_at_k_packed(values, layout.offsets, k, _small_groups_code(small_groups))
+def _metric(values, layout, k, small_groups, dtype, weights=None):
+    small_code = _small_groups_code(small_groups)
+    if weights is None:
+        result = reference.max_at_k_packed(values, layout.offsets, k, small_code)
+    else:
+        bank, index = tables.build_bank("maxk", weights, tables.bank_sizes(layout.offsets), small_code,
+                                        values.device)
+        result = reference.max_at_k_packed(values, layout.offsets, k, small_code, bank, index)
     return result.to(dtype if dtype in FLOAT_DTYPES else torch.float64)
 
 
@@ -228,6 +303,13 @@ def _check_binary(values: torch.Tensor, layout: GroupLayout, name: str) -> None:
         raise ValueError(f"{name} needs binary rewards (exactly 0 or 1); {where} has other values")
 
 
+def _check_non_negative(values: torch.Tensor, layout: GroupLayout, name: str) -> None:
+    where = _first_group(values < 0, layout)
+    if where:
+        raise ValueError(f"{name} needs rewards >= 0 (its advantage divides by the group's mean reward); "
+                         f"{where} has a negative reward")
+
+
 def _check_deltas_range(deltas: torch.Tensor, layout: GroupLayout) -> None:
     where = _first_group(deltas < -1, layout)
     if where:
@@ -248,8 +330,31 @@ def _check_group_sizes(layout: GroupLayout, k: int, est: estimators.Estimator, a
 
 
 def _select_backend(backend: str, values: torch.Tensor, est: estimators.Estimator,
-                    max_group_size: Optional[int]):
-    """The packed implementation to call. ``auto`` picks the fastest available for the device."""
+                    max_group_size: Optional[int], mixture: bool = False):
+    """The packed implementation to call. ``auto`` picks the fastest available for the device.
+
+    For a mixture over k the backend must take the table bank (``bank=``/``bank_index=``); ``auto``
+    falls back to the reference when the fastest one does not.
+    """
+    impl = _select_single_k_backend(backend, values, est, max_group_size)
+    if mixture and not accepts_bank(impl):
+        if backend != "auto":
+            raise ValueError(f"backend={backend!r} does not implement mixtures over k (k_weights) yet; "
+                             "use backend='torch' or 'auto'")
+        return reference.advantages_packed
+    return impl
+
+
+def accepts_bank(impl) -> bool:
+    """True when a backend's advantages_packed takes the mixture bank (interface: bank=, bank_index=)."""
+    try:
+        return "bank" in inspect.signature(impl).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _select_single_k_backend(backend: str, values: torch.Tensor, est: estimators.Estimator,
+                             max_group_size: Optional[int]):
     if est.name == "maxk_offpolicy_exact":
         if backend not in ("auto", "torch"):
             raise ValueError("maxk_offpolicy_exact runs only on the torch reference backend "
@@ -258,7 +363,7 @@ def _select_backend(backend: str, values: torch.Tensor, est: estimators.Estimato
     if backend == "torch":
         return reference.advantages_packed
     if backend == "auto":
-        return _auto_backend(values, max_group_size)
+        return _auto_backend(values, max_group_size, est)
     if backend == "triton":
         return _triton_backend(values)
     return _native_backend(backend, values)
@@ -296,7 +401,26 @@ def _triton_backend(values: torch.Tensor):
     return triton_backend.advantages_packed
 
 
-def _auto_backend(values: torch.Tensor, max_group_size: Optional[int]):
+def _native_knows(est: estimators.Estimator) -> bool:
+    """Whether the compiled extension implements this estimator (an extension built before a newer
+    registry entry does not); ``auto`` then uses the reference instead. Probed once per code."""
+    if est.code not in _NATIVE_KNOWS:
+        from . import _native
+        values = torch.zeros(2, dtype=torch.float64)
+        deltas = torch.zeros_like(values) if est.needs_deltas else None
+        try:
+            _native.advantages_packed(values, torch.tensor([0, 2]), deltas, 1, est.code, None, -math.inf,
+                                      math.inf, False, 2, 1e-6, 2)
+            _NATIVE_KNOWS[est.code] = True
+        except (ValueError, RuntimeError):
+            _NATIVE_KNOWS[est.code] = False
+    return _NATIVE_KNOWS[est.code]
+
+
+_NATIVE_KNOWS = {}
+
+
+def _auto_backend(values: torch.Tensor, max_group_size: Optional[int], est: estimators.Estimator):
     """Fastest available: the native kernel for the tensor's device, then Triton on CUDA, then torch.
 
     The GPU kernels take groups up to a fixed size (4096); with a known larger bound auto falls
@@ -306,6 +430,8 @@ def _auto_backend(values: torch.Tensor, max_group_size: Optional[int]):
         from . import _native
     except ImportError:
         _native = None
+    if _native is not None and _native.available() and not _native_knows(est):
+        return reference.advantages_packed
     if not values.is_cuda:
         if _native is not None and _native.available():
             return _native.advantages_packed

@@ -321,9 +321,59 @@ def effective_k(sizes: torch.Tensor, k: int, est: estimators.Estimator, small_gr
     return kk.clamp(min=1), zero
 
 
+def maxrl(sg: SortedGroups) -> torch.Tensor:
+    """MaxRL (spec 12), mean scale: (x_i - mean) / mean, 0 when the mean is 0.
+
+    A singleton gives (x - x) / x = 0: its mean is its own reward, so nothing is learned from it.
+    """
+    m = sg.mean(sg.x)
+    return torch.where(m != 0, (sg.x - m) / torch.where(m != 0, m, torch.ones_like(m)), torch.zeros_like(sg.x))
+
+
+# ----------------------------------------------------------------------------- mixtures over k (bank mode)
+
+class BankTables:
+    """The mixed tables of every group, read from the bank (see bonkernels/tables.py), [G, width]."""
+
+    def __init__(self, sg: SortedGroups, bank: torch.Tensor, bank_index: torch.Tensor):
+        sizes = sg.sizes
+        limit = bank_index.numel() - 1
+        start = bank_index[sizes.clamp(max=max(limit, 0))]
+        has = (sizes <= limit) & (start >= 0)
+        start = torch.where(has, start, torch.zeros_like(start))[:, None]
+        n = sizes[:, None]
+        cols = torch.arange(sg.width, device=sizes.device)[None, :]
+        live = sg.valid & has[:, None]
+
+        def row(r):
+            index = (start + r * n + cols).clamp(max=bank.numel() - 1)
+            return torch.where(live, bank.to(torch.float64)[index], torch.zeros(1, dtype=torch.float64,
+                                                                                 device=bank.device))
+        self.D, self.O, self.Q, self.B, self.Bp = (row(r) for r in range(5))
+        w1_index = (start[:, 0] + 5 * sizes).clamp(max=bank.numel() - 1)
+        self.W1 = torch.where(has, bank.to(torch.float64)[w1_index], torch.zeros_like(bank[:1].to(torch.float64)))[:, None]
+
+
+def bank_values(sg: SortedGroups, est: estimators.Estimator, t: BankTables) -> torch.Tensor:
+    """A linear estimator's mixture weights in natural (sum) scale, sorted order (spec 12)."""
+    name, x = est.name, sg.x
+    if name in ("maxk", "passk"):
+        return maxk_weights(sg, t.D, t.O)
+    if name in ("maxk_loo", "maxk_loo_centered"):
+        return maxk_weights(sg, t.D, t.O) - (prefix_exclusive(t.B * x) + suffix_exclusive(t.Bp * x))
+    if name == "maxk_loo1":
+        y = sg.masked(x - x[:, :1])
+        return t.D * y - prefix_exclusive(t.B * y) + t.W1 * rloo_sum(sg)
+    if name == "maxk_offpolicy":
+        return maxk_offpolicy(sg, t.D, t.O, t.Q)
+    raise ValueError(f"estimator {name!r} has no mixture tables (k_weights)")
+
+
 def natural_values(sg: SortedGroups, est: estimators.Estimator, k: torch.Tensor, eps: float) -> torch.Tensor:
     """The estimator's values in its natural scale, sorted order, [G, width]."""
     name = est.name
+    if name == "maxrl":
+        return maxrl(sg)
     # Estimators that need no weight tables.
     if name == "grpo":
         return zscore(sg, sg.x, eps)
@@ -362,8 +412,13 @@ def natural_values(sg: SortedGroups, est: estimators.Estimator, k: torch.Tensor,
 def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor], k: int,
                       estimator_code: int, clamp_delta: Optional[float], clip_lo: float, clip_hi: float,
                       mean_scale: bool, small_groups: int, eps: float,
-                      max_group_size: Optional[int] = None) -> torch.Tensor:
-    """The backend interface (see docs/conventions.md): packed [N] in, packed [N] out."""
+                      max_group_size: Optional[int] = None, bank: Optional[torch.Tensor] = None,
+                      bank_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The backend interface (see docs/conventions.md): packed [N] in, packed [N] out.
+
+    With ``bank``/``bank_index`` (a mixture over k, spec 12) the estimator's tables come from the
+    bank, k is ignored, and no group is zeroed here (the too-small rule is folded into the bank).
+    """
     est = estimators.by_code(estimator_code)
     if est.needs_deltas:
         if clamp_delta is not None:
@@ -376,8 +431,12 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
         raise ValueError(f"maxk_offpolicy_exact supports groups of at most {OFFPOLICY_EXACT_MAX_N} samples "
                          f"(its cost is O(n^2 k) per group); group {g} has {int(sizes[g])}")
     sg = SortedGroups(values, offsets, deltas)   # max_group_size is not needed: see SortedGroups
-    kk, zero = effective_k(sg.sizes, k, est, small_groups)
-    a = natural_values(sg, est, kk, eps)
+    if bank is not None:
+        zero = torch.zeros_like(sg.sizes, dtype=torch.bool)
+        a = bank_values(sg, est, BankTables(sg, bank, bank_index))
+    else:
+        kk, zero = effective_k(sg.sizes, k, est, small_groups)
+        a = natural_values(sg, est, kk, eps)
     if mean_scale and est.scale == "sum":
         a = a * sg.n
     elif not mean_scale and est.scale == "mean":
@@ -393,9 +452,15 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
 
 # ----------------------------------------------------------------------------- metrics and objective
 
-def max_at_k_packed(values: torch.Tensor, offsets: torch.Tensor, k: int, small_groups: int = 0) -> torch.Tensor:
-    """Unbiased max@k per group (spec 1.2), float64 [G]; 0 for empty or zeroed groups."""
+def max_at_k_packed(values: torch.Tensor, offsets: torch.Tensor, k: int, small_groups: int = 0,
+                    bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Unbiased max@k per group (spec 1.2), float64 [G]; 0 for empty or zeroed groups.
+
+    With a bank (built for "maxk"): the mixed metric sum_k w_k max@k = sum_j D_j x_j (spec 12).
+    """
     sg = SortedGroups(values, offsets)
+    if bank is not None:
+        return (BankTables(sg, bank, bank_index).D * sg.x).sum(1)
     kk, zero = effective_k(sg.sizes, k, estimators.get("maxk"), small_groups)
     d, _, _ = weight_tables(sg.sizes, kk, sg.width)
     estimate = (d * sg.x).sum(1)

@@ -33,9 +33,11 @@ NATURAL_SCALE = {
     "maxk_offpolicy": "sum", "maxk_offpolicy_exact": "sum", "passk": "sum", "tang_loo": "sum",
     "bon_max_mean": "mean", "bon_max_second": "mean", "bon_mean": "mean", "chen_passk": "mean",
     "bon_rlb": "mean", "bon_rlb_pos": "mean", "grpo": "mean", "rloo": "mean", "dr_grpo": "mean",
+    "maxrl": "mean",
 }
 ALL_ESTIMATORS = tuple(NATURAL_SCALE)
-K_IGNORED = frozenset({"tang_loo", "bon_max_mean", "bon_max_second", "grpo", "rloo", "dr_grpo"})
+K_IGNORED = frozenset({"tang_loo", "bon_max_mean", "bon_max_second", "grpo", "rloo", "dr_grpo", "maxrl"})
+NON_NEGATIVE = frozenset({"maxrl"})      # rewards must be >= 0
 BINARY_ONLY = frozenset({"passk", "chen_passk", "bon_rlb", "bon_rlb_pos"})
 OFF_POLICY = frozenset({"maxk_offpolicy", "maxk_offpolicy_exact"})
 LOO_NEEDS_REST = frozenset({"maxk_loo", "maxk_loo_centered"})  # k <= n - 1
@@ -336,6 +338,15 @@ def dr_grpo(g) -> list[Fraction]:
     return [v - mean for v in g]
 
 
+def maxrl(g) -> list[Fraction]:
+    """MaxRL (spec 12): (g_i - mean) / mean, 0 when the mean is 0 (a singleton: (g - g)/g = 0)."""
+    g = _fr(g)
+    mean = _avg(g)
+    if mean == 0:
+        return [Fraction(0)] * len(g)
+    return [(v - mean) / mean for v in g]
+
+
 # --------------------------------------------------------------------------------------------
 # Dispatch and scale handling
 # --------------------------------------------------------------------------------------------
@@ -376,6 +387,8 @@ def natural(name: str, g, k: int, *, deltas=None, clamp_delta=None, eps: float =
         return rloo(g)
     if name == "dr_grpo":
         return dr_grpo(g)
+    if name == "maxrl":
+        return maxrl(g)
     raise ValueError(f"oracle: unknown estimator {name!r}")
 
 
@@ -565,7 +578,7 @@ def natural_closed(name: str, g, k: int, *, deltas=None, clamp_delta=None, eps=1
             i = int(np.argmax(g))
             out[i] = g[i] - np.max(np.delete(g, i))
         return out
-    if name in ("bon_max_mean", "bon_max_second", "rloo", "dr_grpo"):
+    if name in ("bon_max_mean", "bon_max_second", "rloo", "dr_grpo", "maxrl"):
         return _to_np(natural(name, g, k))  # O(n) already
     if name == "bon_mean":
         return np.array(_zscore(_fr(closed_s(g, k)), eps, ddof=1, guard=True))

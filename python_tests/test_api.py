@@ -286,7 +286,7 @@ def test_registry_is_complete():
     assert set(bk.ESTIMATORS) == {
         "maxk", "maxk_loo", "maxk_loo_centered", "maxk_loo1", "maxk_offpolicy", "maxk_offpolicy_exact",
         "passk", "tang_loo", "bon_max_mean", "bon_max_second", "bon_mean", "chen_passk", "bon_rlb",
-        "bon_rlb_pos", "grpo", "rloo", "dr_grpo"}
+        "bon_rlb_pos", "grpo", "rloo", "dr_grpo", "maxrl"}
     assert len({estimators.get(n).code for n in bk.ESTIMATORS}) == len(bk.ESTIMATORS)
 
 

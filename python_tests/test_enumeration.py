@@ -39,6 +39,17 @@ BACKENDS = (os.environ["BONKERNELS_ORACLE_BACKENDS"].split(",")
             if os.environ.get("BONKERNELS_ORACLE_BACKENDS") else _default_backends())
 
 
+def _backend_implements(name, backend):
+    """False only for an estimator the backend reports as unknown (a registry entry newer than it)."""
+    dev = device_for(backend)
+    try:
+        bk.advantages(torch.ones(1, 2, dtype=torch.float64, device=dev), 1, name, backend=backend,
+                      deltas=torch.zeros(1, 2, dtype=torch.float64, device=dev) if name in oracle.OFF_POLICY else None)
+    except ValueError as error:
+        return "unknown estimator code" not in str(error)
+    return True
+
+
 def device_for(backend):
     if backend in ("cuda", "triton") and torch.cuda.is_available():
         return "cuda"
@@ -127,6 +138,8 @@ def build_groups(rng, name, k):
         for kind in kinds:
             for _ in range(2 if kind in ("gaussian", "bernoulli") else 1):
                 g = make_rewards(rng, kind, n)
+                if name in oracle.NON_NEGATIVE:
+                    g = [abs(v) for v in g]
                 deltas = make_deltas(rng, g) if name in oracle.OFF_POLICY else None
                 groups.append((kind, g, deltas))
     return groups
@@ -165,6 +178,8 @@ def test_natural_scales_match_registry():
 def test_matches_enumeration(name, backend):
     if name == "maxk_offpolicy_exact" and backend not in ("torch", "auto"):
         pytest.skip("maxk_offpolicy_exact is reference-only (conventions.md)")
+    if not _backend_implements(name, backend):
+        pytest.skip(f"{backend} does not implement {name} yet (maxrl lands with the kernel branches)")
     rng = random.Random(f"{SEED}-{name}")
     for k in k_values(name):
         groups = build_groups(rng, name, k)

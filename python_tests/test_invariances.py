@@ -37,7 +37,8 @@ def random_batch(rng, name, n_values, k):
         if name not in oracle.K_IGNORED and n < k + margin:
             continue
         for kind in kinds:
-            groups.append(make_rewards(rng, kind, n))
+            g = make_rewards(rng, kind, n)
+            groups.append([abs(v) for v in g] if name in oracle.NON_NEGATIVE else g)
     deltas = [make_deltas(rng, g) for g in groups] if name in oracle.OFF_POLICY else None
     return groups, deltas
 
@@ -220,6 +221,8 @@ def constant_value(name, c, n, k):
 @pytest.mark.parametrize("name", oracle.ALL_ESTIMATORS)
 def test_constant_rewards(name):
     values = (0.0, 1.0) if name in oracle.BINARY_ONLY else (0.0, 0.75, -2.5, 3.0, 1.0)
+    if name in oracle.NON_NEGATIVE:
+        values = tuple(v for v in values if v >= 0)
     for n in (1, 2, 3, 5, 8, 37):
         for k in sorted({1, 2, n - 1, n}):
             if k < 1 or k > oracle.k_max(name, n):

@@ -29,23 +29,34 @@ from trl import GRPOTrainer
 
 from .. import estimators
 from ..ops import advantages as _advantages
+from ..tables import MIXABLE_ESTIMATORS, normalize_k_weights, parse_k_weights
 
 
 class BonkernelsAdvantagesMixin:
     """Replaces the advantages a TRL GRPO trainer computes by a bonkernels estimator's."""
 
     def __init__(self, *args, estimator: str = "maxk_loo1", k: Optional[int] = None, scale: str = "mean",
-                 eps: float = 1e-4, advantage_kwargs: Optional[dict] = None, **kwargs):
+                 eps: float = 1e-4, advantage_kwargs: Optional[dict] = None, k_weights=None, **kwargs):
         est = estimators.get(estimator)
+        if k_weights is not None:
+            if k is not None:
+                raise ValueError("give either k or k_weights, not both")
+            if isinstance(k_weights, str):
+                k_weights = parse_k_weights(k_weights)
+            if estimator not in MIXABLE_ESTIMATORS:
+                raise ValueError(f"k_weights (a mixture over k) does not apply to {estimator!r}; mixtures run "
+                                 f"for {', '.join(MIXABLE_ESTIMATORS)}")
+            k_weights = normalize_k_weights(k_weights)
         if est.needs_deltas:
             raise ValueError(f"{estimator} needs the current policy's log-probs at loss time; TRL computes "
                              "advantages once per generation batch. Use bonkernels.policy_loss instead.")
-        if est.uses_k and k is None:
+        if est.uses_k and k is None and k_weights is None:
             raise ValueError(f"{estimator} needs k (the pass@k / max@k target): pass k=...")
         if scale not in ("mean", "sum"):
             raise ValueError(f"scale must be 'mean' or 'sum', got {scale!r}")
         self.bk_estimator = estimator
-        self.bk_k = 1 if k is None else k
+        self.bk_k = None if k is None or k_weights is not None else k
+        self.bk_k_weights = k_weights
         self.bk_scale = scale
         self.bk_eps = eps
         self.bk_advantage_kwargs = dict(advantage_kwargs or {})
@@ -74,7 +85,8 @@ class BonkernelsAdvantagesMixin:
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
         with torch.no_grad():
             adv = _advantages(rewards.to(torch.float64).view(-1, num_generations), self.bk_k, self.bk_estimator,
-                              scale=self.bk_scale, eps=self.bk_eps, **self.bk_advantage_kwargs).reshape(-1)
+                              k_weights=self.bk_k_weights, scale=self.bk_scale, eps=self.bk_eps,
+                              **self.bk_advantage_kwargs).reshape(-1)
         adv = torch.where(unscorable, torch.zeros_like(adv), adv)
 
         local = output["advantages"]
@@ -98,7 +110,8 @@ class BonkernelsAdvantagesMixin:
 class BonkernelsGRPOTrainer(BonkernelsAdvantagesMixin, GRPOTrainer):
     """``trl.GRPOTrainer`` whose advantages come from a bonkernels estimator.
 
-    Extra keyword arguments: ``estimator`` (default ``"maxk_loo1"``), ``k``, ``scale``
+    Extra keyword arguments: ``estimator`` (default ``"maxk_loo1"``), ``k`` or ``k_weights`` (a
+    mixture over k: weights for k = 1..T, or ``"harmonic:T"``; docs/spec.md section 12), ``scale``
     (``"mean"``, GRPO's scale, or ``"sum"``), ``eps`` (the std eps of the z-scored estimators;
     1e-4 as TRL) and ``advantage_kwargs`` (more ``bonkernels.advantages`` options).
     """

@@ -9,9 +9,14 @@ outputs are ``[bs, response_length]`` (the per-sequence advantage on every respo
 Importing this module registers every estimator in verl's registry as ``bk_<name>`` (when verl is
 importable), so a verl run switches with ``algorithm.adv_estimator=bk_maxk_loo1``; import it in the
 process that runs the trainer. ``k`` and the other settings are read, in this order, from the
-algorithm config (keys ``bk_k``, ``bk_scale``, when the config has them), from
-:func:`configure`, and from the environment (``BONKERNELS_K``, ``BONKERNELS_SCALE``, which reach
-Ray workers when set in the job's environment).
+algorithm config (keys ``bk_k``, ``bk_scale``, ``bk_k_weights``, when the config has them), from
+:func:`configure`, and from the environment (``BONKERNELS_K``, ``BONKERNELS_SCALE``,
+``BONKERNELS_K_WEIGHTS``, which reach Ray workers when set in the job's environment).
+
+A mixture over k (docs/spec.md section 12) replaces k: ``bk_k_weights`` / ``configure(k_weights=)``
+/ ``BONKERNELS_K_WEIGHTS`` take a list of weights for k = 1..T or the spellings ``harmonic:T`` (MaxRL's
+truncation of order T) and ``uniform:T``; when set, k is not used. ``bk_maxrl`` (MaxRL's
+(r - mean) / mean) needs neither.
 
 Conventions (docs/conventions.md): advantages are in the ``mean`` scale by default, like GRPO's.
 ``grpo`` is verl's GRPO (``norm_adv_by_std_in_grpo=False`` gives ``dr_grpo``, verl's unscaled
@@ -32,21 +37,33 @@ import torch
 
 from .. import estimators
 from ..ops import advantages as _advantages
+from ..tables import MIXABLE_ESTIMATORS, normalize_k_weights, parse_k_weights
 
 PREFIX = "bk_"
-_SETTINGS = {"k": None, "scale": None}
+_SETTINGS = {"k": None, "scale": None, "k_weights": None}
 
 
-def configure(k: Optional[int] = None, scale: Optional[str] = None) -> None:
-    """Process-wide defaults for the registered ``bk_*`` estimators."""
+def configure(k: Optional[int] = None, scale: Optional[str] = None, k_weights=None) -> None:
+    """Process-wide defaults for the registered ``bk_*`` estimators (``k_weights``: a sequence of
+    weights for k = 1..T, or a string ``harmonic:T`` / ``uniform:T`` / ``w1,w2,...``)."""
     if k is not None:
         _SETTINGS["k"] = k
     if scale is not None:
         _SETTINGS["scale"] = scale
+    if k_weights is not None:
+        _SETTINGS["k_weights"] = _weights(k_weights)
+
+
+def _weights(value):
+    """k weights from a config value: a string spelling or a sequence of numbers."""
+    if isinstance(value, str):
+        return parse_k_weights(value)
+    return normalize_k_weights(list(value))
 
 
 def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, *,
-                      estimator: str = "maxk_loo1", k: Optional[int] = None, scale: str = "mean",
+                      estimator: str = "maxk_loo1", k: Optional[int] = None, k_weights=None,
+                      scale: str = "mean",
                       epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
                       std_normalize: Optional[bool] = None, **advantage_kwargs):
     """Advantages and returns ``[bs, T]`` for verl from any bonkernels estimator.
@@ -56,7 +73,8 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
         response_mask: ``[bs, T]`` 0/1.
         index: ``[bs]`` group ids (numpy array, list or tensor of any hashable values).
         estimator: a name from ``bonkernels.ESTIMATORS`` (not the off-policy ones).
-        k: the pass@k / max@k target; required by the estimators that use k.
+        k: the pass@k / max@k target; required by the estimators that use k (unless k_weights).
+        k_weights: a mixture over k (weights for k = 1..T), instead of k.
         scale: ``"mean"`` (default, GRPO's scale) or ``"sum"`` (the spec's).
         epsilon: added to the std (GRPO's eps; also ``bonkernels.advantages(eps=...)``).
         norm_adv_by_std_in_grpo: verl's switch: ``grpo`` becomes ``dr_grpo`` when False; it also
@@ -78,7 +96,9 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
         raise ValueError("verl's index (the per-sample uid) is required to group the samples")
     bs = token_level_rewards.shape[0]
     group_ids = group_ids_from_index(index, bs, token_level_rewards.device)
-    if est.uses_k and k is None:
+    if k_weights is not None:
+        k = None
+    elif est.uses_k and k is None:
         raise ValueError(f"{estimator} needs k: pass k=, set algorithm.bk_k, call "
                          "bonkernels.integrations.verl.configure(k=...) or set BONKERNELS_K")
     if estimator == "grpo" and not norm_adv_by_std_in_grpo:
@@ -88,7 +108,9 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
 
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1).to(torch.float64)
-        adv = _advantages(scores, 1 if k is None else int(k), estimator, group_ids=group_ids, scale=scale,
+        if k_weights is not None:
+            advantage_kwargs["k_weights"] = k_weights
+        adv = _advantages(scores, None if k is None else int(k), estimator, group_ids=group_ids, scale=scale,
                           eps=epsilon, **advantage_kwargs)
         if std_normalize:
             adv = adv / (_group_sample_std(scores, group_ids) + epsilon)
@@ -140,6 +162,9 @@ def make_estimator(estimator: str):
     def bonkernels_advantage(token_level_rewards, response_mask, index=None, epsilon: float = 1e-6,
                              norm_adv_by_std_in_grpo: bool = True, config=None, **kwargs):
         k = _setting(config, "k", "BONKERNELS_K")
+        k_weights = _setting(config, "k_weights", "BONKERNELS_K_WEIGHTS")
+        # a configured mixture applies to the estimators that can mix k; the others keep k
+        k_weights = None if k_weights is None or estimator not in MIXABLE_ESTIMATORS else _weights(k_weights)
         scale = _setting(config, "scale", "BONKERNELS_SCALE", "mean")
         norm = norm_adv_by_std_in_grpo
         if config is not None:
@@ -148,7 +173,8 @@ def make_estimator(estimator: str):
             except (AttributeError, TypeError):
                 pass
         return compute_advantage(token_level_rewards, response_mask, index, estimator=estimator,
-                                 k=None if k is None else int(k), scale=str(scale), epsilon=epsilon,
+                                 k=None if k is None else int(k), k_weights=k_weights, scale=str(scale),
+                                 epsilon=epsilon,
                                  norm_adv_by_std_in_grpo=bool(norm))
 
     bonkernels_advantage.__name__ = f"bonkernels_{estimator}_advantage"

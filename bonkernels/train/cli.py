@@ -81,9 +81,14 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     add("--estimator", default="maxk_loo1", choices=estimators.ESTIMATORS)
     add("--k", type=int, default=4, help="pass@k / max@k target (start value when annealing)")
     add("--k-final", type=int, default=None, help="anneal k to this value (PKPO: 8 -> 1)")
-    add("--k-schedule", default="linear", choices=("linear", "step"),
-        help="how k goes to --k-final: linearly, or switching at --k-switch of the run")
+    add("--k-schedule", default="linear", choices=("linear", "step", "mixture"),
+        help="how k goes to --k-final: linearly (rounded), switching at --k-switch of the run, or "
+             "as a mixture over k interpolating between the two nearest integer k (exact at every "
+             "integer point; bonkernels.anneal_k_weights)")
     add("--k-switch", type=float, default=0.5, help="fraction of steps before the step switch")
+    add("--k-weights", default=None,
+        help="a mixture over k instead of --k: harmonic:T (MaxRL's order-T truncation, weights "
+             "1, 1/2, ..., 1/T), uniform:T, or a list w1,w2,...,wT (weights of k = 1..T)")
     add("--n", "--group-size", dest="n", type=int, default=8,
         help="samples per prompt (group size); under torchrun write --group-size, because "
              "torchrun's own parser takes --n for a prefix of --nnodes")

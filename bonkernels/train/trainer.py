@@ -39,13 +39,31 @@ def _policy_loss():
 
 
 def k_at(step: int, cfg) -> int:
-    """k for a training step (1-based): constant, linear anneal, or a step switch to k_final."""
+    """k for a training step (1-based): constant, linear anneal, or a step switch to k_final.
+    (With --k-schedule mixture: the largest k with a non-zero weight, see k_weights_at.)"""
+    if getattr(cfg, "k_weights", None) is not None:
+        return len(k_weights_at(step, cfg))
     if cfg.k_final is None or cfg.k_final == cfg.k:
         return cfg.k
     frac = 0.0 if cfg.steps <= 1 else (step - 1) / (cfg.steps - 1)
     if cfg.k_schedule == "step":
         return cfg.k if frac < cfg.k_switch else cfg.k_final
+    if cfg.k_schedule == "mixture":
+        return len(k_weights_at(step, cfg))
     return int(round(cfg.k + (cfg.k_final - cfg.k) * frac))
+
+
+def k_weights_at(step: int, cfg):
+    """The mixture over k of a training step, or None for a single k: --k-weights as given, or
+    --k-schedule mixture's interpolation from --k to --k-final (bonkernels.anneal_k_weights)."""
+    from ..tables import anneal_k_weights, normalize_k_weights, parse_k_weights
+
+    if getattr(cfg, "k_weights", None) is not None:
+        return parse_k_weights(cfg.k_weights)
+    if cfg.k_schedule != "mixture" or cfg.k_final is None:
+        return None
+    frac = 0.0 if cfg.steps <= 1 else (step - 1) / (cfg.steps - 1)
+    return normalize_k_weights(anneal_k_weights(cfg.k, cfg.k_final, frac))   # trailing zeros cut
 
 
 def weighting_for(cfg) -> str:
@@ -61,6 +79,20 @@ def validate(cfg) -> None:
     for name in ("n", "steps", "batch_size", "ppo_epochs", "eval_n", "k"):
         if getattr(cfg, name) < (0 if name == "steps" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    mixture = getattr(cfg, "k_weights", None) is not None or cfg.k_schedule == "mixture" and cfg.k_final
+    if mixture:
+        from ..tables import MIXABLE_ESTIMATORS, parse_k_weights
+
+        if cfg.estimator not in MIXABLE_ESTIMATORS:
+            raise ValueError(f"--estimator {cfg.estimator} cannot mix k (--k-weights / --k-schedule mixture); "
+                             f"choose from {', '.join(MIXABLE_ESTIMATORS)}")
+        if getattr(cfg, "k_weights", None) is not None:
+            if cfg.k_final is not None:
+                raise ValueError("--k-weights replaces --k/--k-final; give one or the other")
+            T = len(parse_k_weights(cfg.k_weights))
+            if T > cfg.n - est.k_margin:
+                raise ValueError(f"--k-weights has weight at k = {T}, more than {cfg.estimator} allows "
+                                 f"with --n {cfg.n} (at most {cfg.n - est.k_margin})")
     if est.uses_k:
         k_max = cfg.n - est.k_margin
         for k in {cfg.k, cfg.k_final or cfg.k}:
@@ -171,6 +203,7 @@ def _progress(cfg, dist: Dist, start: int):
 def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, loss_fn) -> dict:
     t0 = time.time()
     k = k_at(step, cfg)
+    k_weights = k_weights_at(step, cfg)
     problems = _train_problems(task, cfg, step, dist)
     roll = sample(model, tokenizer, [p.prompt for p in problems], cfg.n, task.max_new_tokens,
                   dist.device)
@@ -192,7 +225,9 @@ def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, l
     for _ in range(cfg.ppo_epochs):
         opt.zero_grad(set_to_none=True)
         logp = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_len)
-        loss, stats = loss_fn(logp, old_logp, rewards, k, cfg.estimator, mask=roll.completion_mask,
+        mix = {} if k_weights is None else {"k_weights": k_weights}
+        loss, stats = loss_fn(logp, old_logp, rewards, None if k_weights is not None else k, cfg.estimator,
+                              mask=roll.completion_mask, **mix,
                               group_size=cfg.n, ref_logp=ref_logp, kl_coef=cfg.kl_coef,
                               clip_eps=cfg.clip_eps, clamp_delta=cfg.clamp_delta,
                               weighting=weighting, loss_agg=cfg.loss_agg)
@@ -206,6 +241,7 @@ def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, l
     fr = torch.tensor(fractions, dtype=torch.float64)
     record = {
         "kind": "train", "step": step, "k": k, "lr": sched.get_last_lr()[0],
+        **({} if k_weights is None else {"k_weights": list(k_weights)}),
         "reward_mean": dist.mean(float(fr.mean())),
         "solved_frac": dist.mean(float((fr >= 1.0).double().mean())),
         "loss": dist.mean(float(np.mean(losses))),
