@@ -1,8 +1,7 @@
 """Mixtures over k and maxrl on every backend: each against the reference, and a mixture against the
 weighted sum of the same backend's single-k calls (linearity, up to rounding).
 
-The kernels read the table bank (bonkernels/tables.py); until a backend takes ``bank=`` its cases
-are expected to fail (xfail, not strict).
+The kernels read the table bank (bonkernels/tables.py) through their ``bank=`` argument.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import torch
 import bonkernels as bk
 from bonkernels import _native
 
-BANK_PENDING = pytest.mark.xfail(strict=False, reason="bank mode lands with kc1/kt")
 LINEAR = ("maxk", "passk", "maxk_loo", "maxk_loo_centered", "maxk_loo1", "maxk_offpolicy")
 WEIGHTS = (0.5, 0.0, 1.0, 0.25, 0.125)
 
@@ -71,19 +69,16 @@ needs_native = pytest.mark.skipif(not _native.available(), reason="native extens
 
 
 @needs_native
-@BANK_PENDING
 def test_cpu_kernel_mixtures():
     _check_backend("cpu")
 
 
 @needs_native
-@BANK_PENDING
 def test_cpu_kernel_maxrl():
     _check_maxrl("cpu")
 
 
 @needs_native
-@BANK_PENDING
 def test_auto_uses_the_cpu_kernel_for_mixtures():
     from bonkernels import ops
     assert ops.accepts_bank(_native.advantages_packed)
@@ -106,19 +101,16 @@ def _run_under_interpreter(name):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@BANK_PENDING
 def test_triton_interpreter_mixtures():
     _run_under_interpreter("_check_backend")
 
 
-@BANK_PENDING
 def test_triton_interpreter_maxrl():
     _run_under_interpreter("_check_maxrl")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("backend", [pytest.param("cuda", marks=BANK_PENDING),
-                                     pytest.param("triton", marks=BANK_PENDING), "auto", "torch"])
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto", "torch"])
 def test_gpu_backends(backend):
     if backend == "cuda" and not _native.cuda_available():
         pytest.skip("native CUDA kernels not built")

@@ -93,3 +93,19 @@ def test_build_route_is_reported():
     route = _native.build_route()
     assert route in ("cpu", "bare-nvcc", "torch-cuda")
     assert (route != "cpu") == bool(torch.ops.bonkernels.build_info() & 1)
+
+
+@needs_ext
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_delta_poisons_its_group_even_when_clamped(bad):
+    # The clamp would turn an infinite delta into the bound: the contract is checked on the raw delta.
+    est = estimators.get("maxk_offpolicy")
+    values = torch.rand(12, dtype=torch.float64)
+    deltas = (torch.rand(12, dtype=torch.float64) - 0.5) * 0.2
+    deltas[6] = bad
+    offsets = torch.tensor([0, 5, 12])
+    got = _native.advantages_packed(values, offsets, deltas, 2, est.code, 0.3, -math.inf, math.inf, False, 2, 1e-6)
+    assert torch.isnan(got[5:]).all()
+    want = reference.advantages_packed(values[:5], offsets[:2], deltas[:5], 2, est.code, 0.3, -math.inf, math.inf,
+                                       False, 2, 1e-6)
+    torch.testing.assert_close(got[:5], want)

@@ -56,7 +56,9 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       if (off_policy) {
         for (int s = 0; s < n; ++s) {
           double dl = double(deltas[base + pairs[s].second]);
-          if (p.has_clamp) {  // clamp in the input dtype, as the reference does
+          // A non-finite delta poisons its group (the NaN contract); the clamp must not hide it.
+          if (!std::isfinite(dl)) dl = BK_NAN;
+          else if (p.has_clamp) {  // clamp in the input dtype, as the reference does
             dl = dl < -p.clamp_delta ? -p.clamp_delta : (dl > p.clamp_delta ? p.clamp_delta : dl);
             dl = double(static_cast<scalar_t>(dl));
           }

@@ -57,9 +57,11 @@ __device__ __forceinline__ double round_to_dtype(int dtype, double v) {
   }
 }
 
-// The clamped delta of one sample, clamped in the input dtype as the reference does.
+// The clamped delta of one sample, clamped in the input dtype as the reference does (NaN when not finite).
 __device__ __forceinline__ double load_delta(int dtype, const void* deltas, int64_t i, const Params& p) {
   double dl = load_value(dtype, deltas, i);
+  // A non-finite delta poisons its group (the NaN contract); the clamp must not hide it.
+  if (!isfinite(dl)) return BK_NAN;
   if (p.has_clamp) {
     dl = dl < -p.clamp_delta ? -p.clamp_delta : (dl > p.clamp_delta ? p.clamp_delta : dl);
     dl = round_to_dtype(dtype, dl);
