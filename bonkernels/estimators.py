@@ -18,12 +18,20 @@ Fields of :class:`Estimator`:
 * ``unbiased``: the spec calls the estimator unbiased for grad max@k (pass@k for binary rewards).
 * ``order_free``: the formula uses only group reductions and the sample's own value, so the
   kernels skip the sort.
+* ``linear_in_tables``: the weights are linear in the weight tables d, o, q, so a mixture over
+  k (``k_weights``) is exact for the estimator (spec 12).
+* ``backends``: the backends that implement the estimator (the reference, ``"torch"``, implements
+  every one).
 * ``spec``: the spec section.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
+
+# Every backend a registry entry can name; "auto" is a choice among them, not a backend.
+ALL_BACKENDS = ("torch", "cpu", "cuda", "triton")
 
 
 @dataclass(frozen=True)
@@ -37,24 +45,27 @@ class Estimator:
     binary: bool = False
     unbiased: bool = False
     order_free: bool = False
+    linear_in_tables: bool = False
+    backends: Tuple[str, ...] = ALL_BACKENDS
     spec: str = ""
     summary: str = ""
 
 
 _ENTRIES = (
-    Estimator("maxk", 0, "sum", unbiased=True, spec="2.2",
+    Estimator("maxk", 0, "sum", unbiased=True, linear_in_tables=True, spec="2.2",
               summary="PKPO s_i = Bagirov on-policy max@k weights"),
-    Estimator("maxk_loo", 1, "sum", k_margin=1, unbiased=True, spec="2.3",
+    Estimator("maxk_loo", 1, "sum", k_margin=1, unbiased=True, linear_in_tables=True, spec="2.3",
               summary="PKPO s^(loo), as in the paper (not centered)"),
-    Estimator("maxk_loo_centered", 2, "sum", k_margin=1, unbiased=True, spec="2.3",
+    Estimator("maxk_loo_centered", 2, "sum", k_margin=1, unbiased=True, linear_in_tables=True, spec="2.3",
               summary="centered leave-one-out: s_i - (k/n) max@k(others)"),
-    Estimator("maxk_loo1", 3, "sum", unbiased=True, spec="2.4",
+    Estimator("maxk_loo1", 3, "sum", unbiased=True, linear_in_tables=True, spec="2.4",
               summary="PKPO s^(loo-1); k = 1: (g_i - mean of others)/n"),
-    Estimator("maxk_offpolicy", 4, "sum", needs_deltas=True, spec="3.2",
+    Estimator("maxk_offpolicy", 4, "sum", needs_deltas=True, linear_in_tables=True, spec="3.2",
               summary="Bagirov first-order off-policy max@k weights"),
-    Estimator("maxk_offpolicy_exact", 5, "sum", needs_deltas=True, unbiased=True, spec="3.4",
+    Estimator("maxk_offpolicy_exact", 5, "sum", needs_deltas=True, unbiased=True, linear_in_tables=True,
+              backends=("torch",), spec="3.4",
               summary="exact product-of-ratios off-policy max@k weights"),
-    Estimator("passk", 6, "sum", binary=True, unbiased=True, spec="2.1",
+    Estimator("passk", 6, "sum", binary=True, unbiased=True, linear_in_tables=True, spec="2.1",
               summary="PKPO binary effective rewards"),
     Estimator("tang_loo", 7, "sum", uses_k=False, unbiased=True, spec="5",
               summary="max - max of the others (the k = n case)"),
