@@ -279,16 +279,14 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case MAXK_LOO1: {  // spec 2.4: D_j y_j - c sum_{t<j} B_t y_t with y = x - x_(1), plus the k = 1 term
       const double lo = ex.reduce(BK_INF, MinOp(), [&](int s, int) { return x[s]; });
       const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
-        const double w1 = t.w1;
-        const double total = w1 != 0.0 ? ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) : 0.0;
+        // The k = 1 term w1 (x_j - mean of the others) / n = w1 (n x_j - total) / (n (n - 1)): one
+        // division per group, not two per sample (0 for a singleton).
+        const bool rloo = t.w1 != 0.0 && n > 1;
+        const double total = rloo ? ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) : 0.0;
+        const double rloo_factor = rloo ? bk_div_moderate(t.w1, nd * double(n - 1)) : 0.0;
         ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * (x[s] - lo); },
                 [&](int s, int j, double prefix) {
-                  double a = t.D(s, j) * (x[s] - lo) - t.c * prefix;
-                  if (w1 != 0.0 && n > 1) {  // (x_j - mean of the others) / n; 0 for a singleton
-                    const double others = bk_div_moderate(total - x[s], double(n - 1));
-                    a += w1 * bk_div_moderate(x[s] - others, nd);
-                  }
-                  emit(s, a);
+                  emit(s, t.D(s, j) * (x[s] - lo) - t.c * prefix + rloo_factor * (nd * x[s] - total));
                 });
       });
       if (!ok) fill_nan();
