@@ -1,7 +1,12 @@
 """The estimator registry: one entry per estimator, with the facts dispatch and validation need.
 
-The mathematics lives in ``reference.py`` (the specification in code) and in the project's
-``spec/estimators.md``; this module only says, for each name, what the estimator needs.
+This is the one place that lists the estimators. The mathematics lives in ``docs/spec.md`` (the
+section of each estimator is its ``spec`` field) and in ``reference.py`` (the specification in
+code); this module only says, for each name, what the estimator needs. Everything else reads it:
+``bonkernels/_codegen.py`` generates the native kernels' header ``estimator_facts.h`` from it,
+``bonkernels/triton/_facts.py`` hands its codes to the Triton kernel, ``bonkernels/tables.py``
+derives the mixture lists, and ``python_tests/test_estimator_facts.py`` checks every backend that
+claims an estimator against the reference (see ``docs/adding-an-estimator.md``).
 
 Fields of :class:`Estimator`:
 
@@ -22,7 +27,9 @@ Fields of :class:`Estimator`:
   k (``k_weights``) is exact for the estimator (spec 12).
 * ``backends``: the backends that implement the estimator (the reference, ``"torch"``, implements
   every one).
-* ``spec``: the spec section.
+* ``spec``: the section of ``docs/spec.md`` that defines the estimator (a test checks that it is
+  a heading there).
+* ``summary``: one line, also written into the generated header's enum.
 """
 
 from __future__ import annotations
@@ -81,13 +88,13 @@ _ENTRIES = (
               summary="Chow et al. BoN-RLB, two-sided, clipped"),
     Estimator("bon_rlb_pos", 13, "mean", binary=True, spec="4",
               summary="Chow et al. BoN-RLB(P), positive samples only"),
-    Estimator("grpo", 14, "mean", uses_k=False, order_free=True, spec="-",
+    Estimator("grpo", 14, "mean", uses_k=False, order_free=True, spec="13.1",
               summary="(g_i - mean) / (sample std + eps)"),
-    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, unbiased=True, spec="-",
+    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, unbiased=True, spec="13.2",
               summary="g_i - mean of the others"),
-    Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, spec="-",
+    Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, spec="13.3",
               summary="g_i - group mean"),
-    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, spec="12",
+    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, spec="12.2",
               summary="MaxRL: (r_i - mean) / mean, 0 when the mean is 0"),
 )
 
@@ -114,9 +121,28 @@ def get(name: str) -> Estimator:
     return REGISTRY[name]
 
 
-_BY_CODE = {e.code: e for e in _ENTRIES}
+BY_CODE = {e.code: e for e in _ENTRIES}
 
 
 def by_code(code: int) -> Estimator:
     """The estimator with a given kernel code."""
-    return _BY_CODE[int(code)]
+    return BY_CODE[int(code)]
+
+
+def _check_registry() -> None:
+    """The registry's own consistency rules, checked at import (a bad entry fails every import)."""
+    names = [e.name for e in _ENTRIES]
+    codes = [e.code for e in _ENTRIES]
+    assert len(set(names)) == len(names), "estimator names must be unique"
+    assert len(set(codes)) == len(codes), "estimator codes must be unique"
+    for e in _ENTRIES:
+        assert e.name.isidentifier() and e.name == e.name.lower(), e.name
+        assert isinstance(e.code, int) and e.code >= 0, e.name
+        assert e.scale in ("sum", "mean"), e.name
+        assert e.k_margin in (0, 1) and (e.uses_k or e.k_margin == 0), e.name
+        assert "torch" in e.backends and set(e.backends) <= set(ALL_BACKENDS), e.name
+        assert not (e.linear_in_tables and not e.uses_k), e.name
+        assert e.spec and e.summary, e.name
+
+
+_check_registry()

@@ -47,7 +47,7 @@ def test_native_kernel_accepts_exactly_the_registry_codes():
     deltas = torch.zeros(3, dtype=torch.float64)
     top = max(e.code for e in estimators.REGISTRY.values())
     for code in range(-2, top + 4):
-        est = estimators._BY_CODE.get(code)
+        est = estimators.BY_CODE.get(code)
         args = (values, offsets, deltas, 1, code, None, -math.inf, math.inf, True, 2, 1e-6)
         if est is not None and _codegen.implemented_natively(est):
             out = _native.advantages_packed(*args)

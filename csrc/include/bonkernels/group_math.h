@@ -75,21 +75,10 @@ BK_HD Centre group_centre(Ex& ex, V& v) {
 
 // ----------------------------------------------------------------------------- weight tables
 
-// The estimators whose value is linear in their weight tables (spec 12): a mixture over k is the
-// same formula with mixed tables, so these read the call's bank when it has one.
-BK_HD bool reads_weight_tables(int code) {
-  switch (code) {
-    case MAXK:
-    case PASSK:
-    case MAXK_LOO:
-    case MAXK_LOO_CENTERED:
-    case MAXK_LOO1:
-    case MAXK_OFFPOLICY:
-      return true;
-    default:
-      return false;
-  }
-}
+// The estimators whose value is linear in their weight tables (spec 12) and that these kernels
+// implement: a mixture over k is the same formula with mixed tables, so these read the call's bank
+// when it has one. Both facts come from the registry (estimator_facts.h).
+BK_HD bool reads_weight_tables(int code) { return linear_in_tables(code) && native_supports(code); }
 
 // The tables of one linear estimator for the current group, at rank j (slot s), in the notation
 // of the bank (spec 12; D, O, Q of spec 0.1):
