@@ -61,9 +61,11 @@ def weight_tables(n: torch.Tensor, k: torch.Tensor, width: int):
     nn = n.to(torch.float64)[:, None]
     kk = k.to(torch.float64)[:, None]
     in_group = j <= nn
-    # factor f_t = (t-k)/(t-1) links d_{t-1} to d_t; t = 1 and ranks past n contribute 1.
+    # factor f_t = (t-k)/(t-1) links d_{t-1} to d_t; t = 1 and ranks past n contribute 1
+    # (group_math.h: table_factor; Triton: _max_table's factor, stored one rank lower).
     factor = torch.where(in_group & (j >= 2), (j - kk) / (j - 1).clamp(min=1), torch.ones_like(j))
-    # d_j = (k/n) * prod_{t>j} f_t: a reversed exclusive cumulative product.
+    # d_j = (k/n) * suffix_product_j, suffix_product_j = prod_{t>j} f_t: a reversed exclusive
+    # cumulative product (the same name in group_math.h weights_by_scan and Triton _max_table).
     suffix_product = F.pad(torch.flip(torch.cumprod(torch.flip(factor, (1,)), 1), (1,))[:, 1:], (0, 1),
                            value=1.0)
     d = torch.where(in_group, (kk / nn.clamp(min=1)) * suffix_product, torch.zeros_like(j))
@@ -255,7 +257,10 @@ def bon_max_second(sg: SortedGroups) -> torch.Tensor:
 
 
 def zscore(sg: SortedGroups, v: torch.Tensor, eps: float, constant_rtol: float = 0.0) -> torch.Tensor:
-    """(v - mean) / (sample std + eps); 0 for singletons and for (numerically) constant groups."""
+    """(v - mean) / (std + eps), std the sample std (divisor n - 1), the mean taken around the
+    group's first element (spec 3.3, 13.1); 0 for singletons and when std <= constant_rtol * scale,
+    scale = max|v| (the constant-group guard of bon_mean). Same names in group_math.h
+    (zscore_emit) and the Triton kernel (branches BON_MEAN, GRPO)."""
     std = sg.sample_std(v)
     scale = sg.masked(v.abs()).max(1, keepdim=True).values
     constant = (sg.n < 2) | (std <= constant_rtol * scale)
@@ -265,9 +270,13 @@ def zscore(sg: SortedGroups, v: torch.Tensor, eps: float, constant_rtol: float =
 def chen_passk(sg: SortedGroups, k: torch.Tensor, d, eps: float) -> torch.Tensor:
     """Chen et al. analytic pass@k advantage (spec 6) = ((n/k) s_i - R) / (sigma + eps).
 
-    Written with the failure probabilities 1 - R = C(n-c,k)/C(n,k) and, for a wrong sample,
-    1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries: no cancellation when R
-    is close to 1 (large n, few failures).
+    Written with the failure probabilities miss_k = 1 - R = C(n-c,k)/C(n,k) and, for a wrong
+    sample, miss_rest = 1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries: no
+    cancellation when R is close to 1 (large n, few failures). Same names in group_math.h (case
+    CHEN_PASSK) and the Triton kernel (branch CHEN_PASSK):
+
+        sigma = sqrt((1 - miss_k) miss_k),  a_pos = miss_k / (sigma + eps),
+        a_neg = (miss_k - miss_rest) / (sigma + eps),  0 where R is exactly 0 or 1
     """
     wrong = sg.valid & (sg.x == 0)
     miss_k = (d * wrong).sum(1, keepdim=True)                              # 1 - R
@@ -278,27 +287,37 @@ def chen_passk(sg: SortedGroups, k: torch.Tensor, d, eps: float) -> torch.Tensor
     miss_rest = torch.where(kk == 1, torch.ones_like(miss_k),              # 1 - (n/k) s_i, wrong i
                             (d_rest * (ranks < n_wrong)).sum(1, keepdim=True))
     sigma = torch.sqrt((1 - miss_k) * miss_k)
-    value = torch.where(sg.x == 1, miss_k, miss_k - miss_rest) / (sigma + eps)
+    a_pos = miss_k / (sigma + eps)
+    a_neg = (miss_k - miss_rest) / (sigma + eps)
+    value = torch.where(sg.x == 1, a_pos, a_neg)
     degenerate = (n_wrong == sg.n) | (n_wrong < kk)                         # R is exactly 0 or 1
     return torch.where(degenerate, torch.zeros_like(value), value)
 
 
 def bon_rlb(sg: SortedGroups, k: torch.Tensor, d, two_sided: bool) -> torch.Tensor:
-    """Chow et al. BoN-RLB averaged over the k-subsets of the group (docs/conventions.md), sum scale."""
+    """Chow et al. BoN-RLB averaged over the k-subsets of the group (spec 4, docs/conventions.md),
+    sum scale. Same names in group_math.h (case BON_RLB) and the Triton kernel (branch BON_RLB):
+
+        R = pass@k estimate = sum_j d_j x_j,  c = successes,  p_fail = (n - c)/n (plug-in)
+        bon_rlb:      w_plus = k p^(k-1) / (1 - p^k),  w_minus = k p / (1 - p)  (+inf at p = 1)
+        bon_rlb_pos:  w_plus = k p^(k-1) / geometric,  geometric = 1 + p + ... + p^(k-1),  w_minus = 0
+        correct_weight = w_plus R / c,  wrong_weight = w_minus (1 - R) / (n - c)
+    """
     R = (d * sg.x).sum(1, keepdim=True)
     c = sg.masked(sg.x).sum(1, keepdim=True)
     n = sg.n.clamp(min=1)
-    p = (n - c) / n
+    p_fail = (n - c) / n
     kk = k.to(torch.float64)[:, None]
-    p_km1 = p ** (kk - 1)
-    one_minus_pk = -torch.expm1(kk * torch.log(p))                 # 1 - p^k, accurate near p = 1
-    geometric = torch.where(p < 1, one_minus_pk / (1 - p).clamp(min=1e-300), kk)  # 1 + p + ... + p^(k-1)
+    p_km1 = p_fail ** (kk - 1)
+    one_minus_pk = -torch.expm1(kk * torch.log(p_fail))            # 1 - p^k, accurate near p = 1
+    one_minus_p = (1 - p_fail).clamp(min=1e-300)
+    geometric = torch.where(p_fail < 1, one_minus_pk / one_minus_p, kk)  # 1 + p + ... + p^(k-1)
     if two_sided:
         w_plus = kk * p_km1 / one_minus_pk.clamp(min=1e-300)
-        w_minus = torch.where(p < 1, kk * p / (1 - p).clamp(min=1e-300), torch.full_like(p, math.inf))
+        w_minus = torch.where(p_fail < 1, kk * p_fail / one_minus_p, torch.full_like(p_fail, math.inf))
     else:
         w_plus = kk * p_km1 / geometric
-        w_minus = torch.zeros_like(p)
+        w_minus = torch.zeros_like(p_fail)
     correct_weight = w_plus * R / c.clamp(min=1)
     wrong_weight = w_minus * (1 - R) / (n - c).clamp(min=1)
     return torch.where(sg.x == 1, correct_weight, wrong_weight)
