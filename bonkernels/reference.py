@@ -8,8 +8,10 @@ Plain and vectorised over groups (no Python loop over groups). Each call:
 4. evaluates the estimator's closed form with exclusive prefix/suffix scans (spec 2-6);
 5. converts the scale, zeroes too-small groups, clips, and scatters back to packed order.
 
-Formulas and their spec sections are in docs/conventions.md; x below is the sorted reward row,
-j the 1-based rank.
+The formulas, their derivations and the tests that cover them are in docs/spec.md ("spec N.M" below
+is its section N.M); the per-group summary is docs/conventions.md. x below is the sorted reward row,
+j the 1-based rank. The native per-group math (csrc/include/bonkernels/group_math.h) and the Triton
+kernel (bonkernels/triton/_advantages_kernel.py) use the same closed forms and variable names.
 """
 
 from __future__ import annotations

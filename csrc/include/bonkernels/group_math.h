@@ -1,8 +1,9 @@
 // The per-group mathematics of every native estimator, written once for every executor.
 //
 // A group arrives sorted ascending (x, and the deltas permuted alongside). The estimators are the
-// closed forms of docs/conventions.md, evaluated with weight tables, exclusive prefix/suffix scans
-// and group reductions. How those primitives run is the executor's business:
+// closed forms of docs/spec.md ("spec N.M" is its section N.M; summary in docs/conventions.md),
+// with the closed forms and variable names of bonkernels/reference.py, evaluated with weight
+// tables, exclusive prefix/suffix scans and group reductions. How those primitives run is the executor's business:
 //   * SerialExec (serial_exec.h): one CPU thread walks the group; tables are cached per (n, k);
 //   * the CUDA executors (csrc/cuda): one sub-warp or one block per group, shuffles and shared memory.
 //
