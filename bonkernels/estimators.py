@@ -20,6 +20,9 @@ Fields of :class:`Estimator`:
 * ``needs_deltas``: the off-policy estimators take ``deltas`` (pi_theta/pi_old - 1 per sample);
   every other estimator rejects them.
 * ``binary``: rewards must be exactly 0 or 1.
+* ``non_negative``: rewards must be >= 0 (``maxrl`` divides by the group mean).
+* ``default_clip``: the clip applied when the caller passes ``clip=None`` (``bon_rlb``, whose
+  weights are infinite for an all-fail group); None: no clip.
 * ``unbiased``: the spec calls the estimator unbiased for grad max@k (pass@k for binary rewards).
 * ``order_free``: the formula uses only group reductions and the sample's own value, so the
   kernels skip the sort.
@@ -35,7 +38,7 @@ Fields of :class:`Estimator`:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 # Every backend a registry entry can name; "auto" is a choice among them, not a backend.
 ALL_BACKENDS = ("torch", "cpu", "cuda", "triton")
@@ -50,12 +53,21 @@ class Estimator:
     k_margin: int = 0
     needs_deltas: bool = False
     binary: bool = False
+    non_negative: bool = False
     unbiased: bool = False
     order_free: bool = False
     linear_in_tables: bool = False
     backends: Tuple[str, ...] = ALL_BACKENDS
     spec: str = ""
     summary: str = ""
+    default_clip: Optional[Tuple[float, float]] = None
+
+
+# bon_rlb's weights are infinite for a group where every sample fails (p_hat = 1); Chow et al.
+# clip them. With clip=None this symmetric default applies (to the output, in the chosen scale).
+# Finite mean-scale values grow like n * k (one success in n: about n k), so the bound sits well
+# above them for the usual n <= 16, k <= 8 and only caps the all-fail groups.
+BON_RLB_DEFAULT_CLIP = (-100.0, 100.0)
 
 
 _ENTRIES = (
@@ -84,7 +96,7 @@ _ENTRIES = (
               summary="z-score of the max@k weights s_i"),
     Estimator("chen_passk", 11, "mean", binary=True, spec="6",
               summary="Chen et al. analytic pass@k advantage"),
-    Estimator("bon_rlb", 12, "mean", binary=True, spec="4",
+    Estimator("bon_rlb", 12, "mean", binary=True, spec="4", default_clip=BON_RLB_DEFAULT_CLIP,
               summary="Chow et al. BoN-RLB, two-sided, clipped"),
     Estimator("bon_rlb_pos", 13, "mean", binary=True, spec="4",
               summary="Chow et al. BoN-RLB(P), positive samples only"),
@@ -94,18 +106,12 @@ _ENTRIES = (
               summary="g_i - mean of the others"),
     Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, spec="13.3",
               summary="g_i - group mean"),
-    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, spec="12.2",
+    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, non_negative=True, spec="12.2",
               summary="MaxRL: (r_i - mean) / mean, 0 when the mean is 0"),
 )
 
 REGISTRY = {e.name: e for e in _ENTRIES}
 ESTIMATORS = tuple(e.name for e in _ENTRIES)
-
-# bon_rlb's weights are infinite for a group where every sample fails (p_hat = 1); Chow et al.
-# clip them. With clip=None this symmetric default applies (to the output, in the chosen scale).
-# Finite mean-scale values grow like n * k (one success in n: about n k), so the bound sits well
-# above them for the usual n <= 16, k <= 8 and only caps the all-fail groups.
-BON_RLB_DEFAULT_CLIP = (-100.0, 100.0)
 
 # Relative tolerance below which bon_mean treats its s_i as constant (spec 3.3 hazard note):
 # z-scoring exactly-equal values would otherwise amplify rounding noise by 1/eps.
@@ -143,6 +149,7 @@ def _check_registry() -> None:
         assert "torch" in e.backends and set(e.backends) <= set(ALL_BACKENDS), e.name
         assert not (e.linear_in_tables and not e.uses_k), e.name
         assert e.spec and e.summary, e.name
+        assert e.default_clip is None or (len(e.default_clip) == 2 and e.default_clip[0] <= e.default_clip[1]), e.name
 
 
 _check_registry()

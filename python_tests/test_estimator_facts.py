@@ -224,3 +224,15 @@ def test_docs_tables_agree_with_the_registry():
     readme = _markdown_table(REPO / "README.md", "| name | what |")
     names = {n for r in readme for n in re.findall(r"`(\w+)`", r[0])}
     assert names == _sets()["all"]
+
+
+def test_oracle_facts_are_the_registry():
+    """The independent oracle's own small lists (below the scan's three-name threshold) and
+    constants agree with the registry's fields."""
+    import oracle
+
+    reg = list(estimators.REGISTRY.values())
+    assert set(oracle.NON_NEGATIVE) == {e.name for e in reg if e.non_negative}
+    assert set(oracle.OFF_POLICY) == {e.name for e in reg if e.needs_deltas}
+    assert set(oracle.LOO_NEEDS_REST) == {e.name for e in reg if e.k_margin == 1}
+    assert {e.name: e.default_clip for e in reg if e.default_clip} == {"bon_rlb": oracle.BON_RLB_DEFAULT_CLIP}

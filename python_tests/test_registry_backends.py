@@ -56,8 +56,8 @@ def batch(est: estimators.Estimator, device: str, seed: int = 0):
             v = torch.randn(n, generator=g, dtype=torch.float64)
         parts.append(v)
     values = torch.cat(parts)
-    if est.name == "maxrl":
-        values = values.abs()                   # maxrl takes rewards >= 0
+    if est.non_negative:
+        values = values.abs()                   # e.g. maxrl takes rewards >= 0
     offsets = torch.tensor([0, *torch.tensor(SIZES).cumsum(0).tolist()], dtype=torch.int64)
     deltas = None
     if est.needs_deltas:
