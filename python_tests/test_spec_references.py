@@ -121,3 +121,33 @@ def test_no_reference_points_outside_the_repository():
 @pytest.mark.parametrize("est", list(estimators.REGISTRY.values()), ids=lambda e: e.name)
 def test_registry_spec_field_is_a_heading(est):
     assert est.spec in spec_headings(), f"{est.name}: spec {est.spec!r} is not a heading of docs/spec.md"
+
+
+def named_tests(text: str):
+    """(file, test function) for every test the text names: `python_tests/f.py::test_x`, and
+    `::test_y` (or `::test_y[param]`) right after it for the same file."""
+    current, out = None, []
+    for m in re.finditer(r"`(python_tests/[\w]+\.py)?(?:::(\w+)(?:\[[^\]`]*\])?)?`", text):
+        if m.group(1):
+            current = m.group(1)
+        if m.group(2) and current:
+            out.append((current, m.group(2)))
+    return out
+
+
+def test_tests_named_by_the_docs_exist():
+    """Every test that docs/spec.md (or adding-an-estimator.md) says covers an estimator exists."""
+    named = []
+    for doc in (SPEC, REPO / "docs" / "adding-an-estimator.md"):
+        named += named_tests(doc.read_text())
+    assert len(named) > 40
+    missing = []
+    for path, name in named:
+        source = (REPO / path).read_text() if (REPO / path).exists() else ""
+        if not re.search(rf"^def {re.escape(name)}\(", source, re.M):
+            missing.append(f"{path}::{name}")
+    for doc in (SPEC, REPO / "docs" / "adding-an-estimator.md", REPO / "docs" / "conventions.md"):
+        for path in set(re.findall(r"python_tests/\w+\.py", doc.read_text())):
+            if not (REPO / path).exists():
+                missing.append(f"{doc.name}: {path}")
+    assert missing == []
