@@ -134,7 +134,10 @@ def maxk_weights(sg: SortedGroups, d, o) -> torch.Tensor:
 
 
 def maxk_of_rest(sg: SortedGroups, k: torch.Tensor) -> torch.Tensor:
-    """max@k estimate of the group without sample j, for every sorted position j (spec 2.3)."""
+    """max@k estimate of the group without sample j, for every sorted position j (spec 2.3):
+    sum_{t<j} w'_t x_t + sum_{t>j} w'_{t-1} x_t with w' = d^(n-1,k). group_math.h and the Triton
+    kernel (and the bank, spec 12.1) carry the factor c = k/(n-1) or k/n inside the tables:
+    B_t = c w'_t and Bp_t = c w'_{t-1} (Triton: ``below`` and ``above``)."""
     w, _, _ = weight_tables((sg.sizes - 1).clamp(min=0), k, sg.width)
     return prefix_exclusive(w * sg.x) + suffix_inclusive(w * shift_left(sg.x))
 
@@ -145,7 +148,12 @@ def rloo_sum(sg: SortedGroups) -> torch.Tensor:
 
 
 def maxk_loo1(sg: SortedGroups, k: torch.Tensor, d, o) -> torch.Tensor:
-    """PKPO s^(loo-1) (spec 2.4), shifted by the group minimum; k = 1: RLOO / n."""
+    """PKPO s^(loo-1) (spec 2.4), shifted by the group minimum; k = 1: RLOO / n.
+
+    d_j y_j - sum_{t<j} B_t y_t with B_t = o_{t+1} = (k/n) d^(n-1,k-1)_t: group_math.h builds B
+    from d^(n-1,k-1) with the factor c = k/n, the Triton kernel (``below``) from d^(n,k) at rank
+    t+1, the bank (spec 12.1) stores it; all three are the same table.
+    """
     y = sg.masked(sg.x - sg.x[:, :1])
     loo1 = d * y - prefix_exclusive(shift_left(o) * y)
     return torch.where(k[:, None] == 1, rloo_sum(sg), loo1)
