@@ -23,15 +23,16 @@ HEADER = Path(__file__).resolve().parents[1] / "csrc" / "include" / "bonkernels"
 
 
 def implemented_natively(est: estimators.Estimator) -> bool:
-    """Whether the C++/CUDA kernels implement the estimator.
+    """Whether the C++/CUDA kernels implement the estimator (registry field ``backends``).
 
-    A registry with per-backend lists (``est.backends``) decides; without one, the exact
-    off-policy estimator is the only reference-only one (its cost is O(n^2 k) per group).
+    Both native backends evaluate the same per-group math (``group_math.h``), so an entry names
+    both or neither; anything else is a registry error.
     """
-    backends = getattr(est, "backends", None)
-    if backends is not None:
-        return "cpu" in backends or "cuda" in backends
-    return est.name != "maxk_offpolicy_exact"
+    cpu, cuda = "cpu" in est.backends, "cuda" in est.backends
+    if cpu != cuda:
+        raise ValueError(f"estimator {est.name!r}: the cpu and cuda backends share group_math.h, so "
+                         f"its registry entry must name both or neither (backends={est.backends})")
+    return cpu
 
 
 def facts(est: estimators.Estimator) -> dict:
@@ -42,6 +43,7 @@ def facts(est: estimators.Estimator) -> dict:
         "k_margin": est.k_margin,
         "needs_deltas": est.needs_deltas,
         "order_free": est.order_free,
+        "linear_in_tables": est.linear_in_tables,
         "native_supports": implemented_natively(est),
     }
 
@@ -52,6 +54,7 @@ _DOCS = {
     "k_margin": "The largest valid k is n - k_margin(code)",
     "needs_deltas": "The estimator reads the per-sample deltas (off-policy)",
     "order_free": "Only group reductions and the sample's own value: the kernels skip the sort",
+    "linear_in_tables": "Linear in the weight tables d, o, q: a mixture over k reads the call's bank (spec 12)",
     "native_supports": "The native kernels implement the estimator (else reference-only)",
 }
 
@@ -92,6 +95,8 @@ def render() -> str:
     ]
     out += [f"  {e.name.upper()} = {e.code},  // {e.summary}" for e in entries]
     out += ["};", "", "// One past the largest code.", f"constexpr int NUM_CODES = {entries[-1].code + 1};", ""]
+    out += ["// Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).",
+            f"constexpr double kZscoreConstantRtol = {estimators.ZSCORE_CONSTANT_RTOL!r};", ""]
     out += ["// An estimator of the registry has this code.", "BK_HD bool known_code(int code) {", "  switch (code) {"]
     out += [f"    case {e.name.upper()}:" for e in entries]
     out += ["      return true;", "    default:", "      return false;", "  }", "}", ""]

@@ -1,7 +1,12 @@
 """The estimator registry: one entry per estimator, with the facts dispatch and validation need.
 
-The mathematics lives in ``reference.py`` (the specification in code) and in the project's
-``spec/estimators.md``; this module only says, for each name, what the estimator needs.
+This is the one place that lists the estimators. The mathematics lives in ``docs/spec.md`` (the
+section of each estimator is its ``spec`` field) and in ``reference.py`` (the specification in
+code); this module only says, for each name, what the estimator needs. Everything else reads it:
+``bonkernels/_codegen.py`` generates the native kernels' header ``estimator_facts.h`` from it,
+``bonkernels/triton/_facts.py`` hands its codes to the Triton kernel, ``bonkernels/tables.py``
+derives the mixture lists, and ``python_tests/test_estimator_facts.py`` checks every backend that
+claims an estimator against the reference (see ``docs/adding-an-estimator.md``).
 
 Fields of :class:`Estimator`:
 
@@ -15,6 +20,9 @@ Fields of :class:`Estimator`:
 * ``needs_deltas``: the off-policy estimators take ``deltas`` (pi_theta/pi_old - 1 per sample);
   every other estimator rejects them.
 * ``binary``: rewards must be exactly 0 or 1.
+* ``non_negative``: rewards must be >= 0 (``maxrl`` divides by the group mean).
+* ``default_clip``: the clip applied when the caller passes ``clip=None`` (``bon_rlb``, whose
+  weights are infinite for an all-fail group); None: no clip.
 * ``unbiased``: the spec calls the estimator unbiased for grad max@k (pass@k for binary rewards).
 * ``order_free``: the formula uses only group reductions and the sample's own value, so the
   kernels skip the sort.
@@ -22,13 +30,15 @@ Fields of :class:`Estimator`:
   k (``k_weights``) is exact for the estimator (spec 12).
 * ``backends``: the backends that implement the estimator (the reference, ``"torch"``, implements
   every one).
-* ``spec``: the spec section.
+* ``spec``: the section of ``docs/spec.md`` that defines the estimator (a test checks that it is
+  a heading there).
+* ``summary``: one line, also written into the generated header's enum.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 # Every backend a registry entry can name; "auto" is a choice among them, not a backend.
 ALL_BACKENDS = ("torch", "cpu", "cuda", "triton")
@@ -43,12 +53,21 @@ class Estimator:
     k_margin: int = 0
     needs_deltas: bool = False
     binary: bool = False
+    non_negative: bool = False
     unbiased: bool = False
     order_free: bool = False
     linear_in_tables: bool = False
     backends: Tuple[str, ...] = ALL_BACKENDS
     spec: str = ""
     summary: str = ""
+    default_clip: Optional[Tuple[float, float]] = None
+
+
+# bon_rlb's weights are infinite for a group where every sample fails (p_hat = 1); Chow et al.
+# clip them. With clip=None this symmetric default applies (to the output, in the chosen scale).
+# Finite mean-scale values grow like n * k (one success in n: about n k), so the bound sits well
+# above them for the usual n <= 16, k <= 8 and only caps the all-fail groups.
+BON_RLB_DEFAULT_CLIP = (-100.0, 100.0)
 
 
 _ENTRIES = (
@@ -77,28 +96,22 @@ _ENTRIES = (
               summary="z-score of the max@k weights s_i"),
     Estimator("chen_passk", 11, "mean", binary=True, spec="6",
               summary="Chen et al. analytic pass@k advantage"),
-    Estimator("bon_rlb", 12, "mean", binary=True, spec="4",
+    Estimator("bon_rlb", 12, "mean", binary=True, spec="4", default_clip=BON_RLB_DEFAULT_CLIP,
               summary="Chow et al. BoN-RLB, two-sided, clipped"),
     Estimator("bon_rlb_pos", 13, "mean", binary=True, spec="4",
               summary="Chow et al. BoN-RLB(P), positive samples only"),
-    Estimator("grpo", 14, "mean", uses_k=False, order_free=True, spec="-",
+    Estimator("grpo", 14, "mean", uses_k=False, order_free=True, spec="13.1",
               summary="(g_i - mean) / (sample std + eps)"),
-    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, unbiased=True, spec="-",
+    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, unbiased=True, spec="13.2",
               summary="g_i - mean of the others"),
-    Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, spec="-",
+    Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, spec="13.3",
               summary="g_i - group mean"),
-    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, spec="12",
+    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, non_negative=True, spec="12.2",
               summary="MaxRL: (r_i - mean) / mean, 0 when the mean is 0"),
 )
 
 REGISTRY = {e.name: e for e in _ENTRIES}
 ESTIMATORS = tuple(e.name for e in _ENTRIES)
-
-# bon_rlb's weights are infinite for a group where every sample fails (p_hat = 1); Chow et al.
-# clip them. With clip=None this symmetric default applies (to the output, in the chosen scale).
-# Finite mean-scale values grow like n * k (one success in n: about n k), so the bound sits well
-# above them for the usual n <= 16, k <= 8 and only caps the all-fail groups.
-BON_RLB_DEFAULT_CLIP = (-100.0, 100.0)
 
 # Relative tolerance below which bon_mean treats its s_i as constant (spec 3.3 hazard note):
 # z-scoring exactly-equal values would otherwise amplify rounding noise by 1/eps.
@@ -114,9 +127,29 @@ def get(name: str) -> Estimator:
     return REGISTRY[name]
 
 
-_BY_CODE = {e.code: e for e in _ENTRIES}
+BY_CODE = {e.code: e for e in _ENTRIES}
 
 
 def by_code(code: int) -> Estimator:
     """The estimator with a given kernel code."""
-    return _BY_CODE[int(code)]
+    return BY_CODE[int(code)]
+
+
+def _check_registry() -> None:
+    """The registry's own consistency rules, checked at import (a bad entry fails every import)."""
+    names = [e.name for e in _ENTRIES]
+    codes = [e.code for e in _ENTRIES]
+    assert len(set(names)) == len(names), "estimator names must be unique"
+    assert len(set(codes)) == len(codes), "estimator codes must be unique"
+    for e in _ENTRIES:
+        assert e.name.isidentifier() and e.name == e.name.lower(), e.name
+        assert isinstance(e.code, int) and e.code >= 0, e.name
+        assert e.scale in ("sum", "mean"), e.name
+        assert e.k_margin in (0, 1) and (e.uses_k or e.k_margin == 0), e.name
+        assert "torch" in e.backends and set(e.backends) <= set(ALL_BACKENDS), e.name
+        assert not (e.linear_in_tables and not e.uses_k), e.name
+        assert e.spec and e.summary, e.name
+        assert e.default_clip is None or (len(e.default_clip) == 2 and e.default_clip[0] <= e.default_clip[1]), e.name
+
+
+_check_registry()

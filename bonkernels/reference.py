@@ -8,8 +8,10 @@ Plain and vectorised over groups (no Python loop over groups). Each call:
 4. evaluates the estimator's closed form with exclusive prefix/suffix scans (spec 2-6);
 5. converts the scale, zeroes too-small groups, clips, and scatters back to packed order.
 
-Formulas and their spec sections are in docs/conventions.md; x below is the sorted reward row,
-j the 1-based rank.
+The formulas, their derivations and the tests that cover them are in docs/spec.md ("spec N.M" below
+is its section N.M); the per-group summary is docs/conventions.md. x below is the sorted reward row,
+j the 1-based rank. The native per-group math (csrc/include/bonkernels/group_math.h) and the Triton
+kernel (bonkernels/triton/_advantages_kernel.py) use the same closed forms and variable names.
 """
 
 from __future__ import annotations
@@ -61,9 +63,11 @@ def weight_tables(n: torch.Tensor, k: torch.Tensor, width: int):
     nn = n.to(torch.float64)[:, None]
     kk = k.to(torch.float64)[:, None]
     in_group = j <= nn
-    # factor f_t = (t-k)/(t-1) links d_{t-1} to d_t; t = 1 and ranks past n contribute 1.
+    # factor f_t = (t-k)/(t-1) links d_{t-1} to d_t; t = 1 and ranks past n contribute 1
+    # (group_math.h: table_factor; Triton: _max_table's factor, stored one rank lower).
     factor = torch.where(in_group & (j >= 2), (j - kk) / (j - 1).clamp(min=1), torch.ones_like(j))
-    # d_j = (k/n) * prod_{t>j} f_t: a reversed exclusive cumulative product.
+    # d_j = (k/n) * suffix_product_j, suffix_product_j = prod_{t>j} f_t: a reversed exclusive
+    # cumulative product (the same name in group_math.h weights_by_scan and Triton _max_table).
     suffix_product = F.pad(torch.flip(torch.cumprod(torch.flip(factor, (1,)), 1), (1,))[:, 1:], (0, 1),
                            value=1.0)
     d = torch.where(in_group, (kk / nn.clamp(min=1)) * suffix_product, torch.zeros_like(j))
@@ -130,7 +134,10 @@ def maxk_weights(sg: SortedGroups, d, o) -> torch.Tensor:
 
 
 def maxk_of_rest(sg: SortedGroups, k: torch.Tensor) -> torch.Tensor:
-    """max@k estimate of the group without sample j, for every sorted position j (spec 2.3)."""
+    """max@k estimate of the group without sample j, for every sorted position j (spec 2.3):
+    sum_{t<j} w'_t x_t + sum_{t>j} w'_{t-1} x_t with w' = d^(n-1,k). group_math.h and the Triton
+    kernel (and the bank, spec 12.1) carry the factor c = k/(n-1) or k/n inside the tables:
+    B_t = c w'_t and Bp_t = c w'_{t-1} (Triton: ``below`` and ``above``)."""
     w, _, _ = weight_tables((sg.sizes - 1).clamp(min=0), k, sg.width)
     return prefix_exclusive(w * sg.x) + suffix_inclusive(w * shift_left(sg.x))
 
@@ -141,7 +148,12 @@ def rloo_sum(sg: SortedGroups) -> torch.Tensor:
 
 
 def maxk_loo1(sg: SortedGroups, k: torch.Tensor, d, o) -> torch.Tensor:
-    """PKPO s^(loo-1) (spec 2.4), shifted by the group minimum; k = 1: RLOO / n."""
+    """PKPO s^(loo-1) (spec 2.4), shifted by the group minimum; k = 1: RLOO / n.
+
+    d_j y_j - sum_{t<j} B_t y_t with B_t = o_{t+1} = (k/n) d^(n-1,k-1)_t: group_math.h builds B
+    from d^(n-1,k-1) with the factor c = k/n, the Triton kernel (``below``) from d^(n,k) at rank
+    t+1, the bank (spec 12.1) stores it; all three are the same table.
+    """
     y = sg.masked(sg.x - sg.x[:, :1])
     loo1 = d * y - prefix_exclusive(shift_left(o) * y)
     return torch.where(k[:, None] == 1, rloo_sum(sg), loo1)
@@ -255,7 +267,10 @@ def bon_max_second(sg: SortedGroups) -> torch.Tensor:
 
 
 def zscore(sg: SortedGroups, v: torch.Tensor, eps: float, constant_rtol: float = 0.0) -> torch.Tensor:
-    """(v - mean) / (sample std + eps); 0 for singletons and for (numerically) constant groups."""
+    """(v - mean) / (std + eps), std the sample std (divisor n - 1), the mean taken around the
+    group's first element (spec 3.3, 13.1); 0 for singletons and when std <= constant_rtol * scale,
+    scale = max|v| (the constant-group guard of bon_mean). Same names in group_math.h
+    (zscore_emit) and the Triton kernel (branches BON_MEAN, GRPO)."""
     std = sg.sample_std(v)
     scale = sg.masked(v.abs()).max(1, keepdim=True).values
     constant = (sg.n < 2) | (std <= constant_rtol * scale)
@@ -265,9 +280,13 @@ def zscore(sg: SortedGroups, v: torch.Tensor, eps: float, constant_rtol: float =
 def chen_passk(sg: SortedGroups, k: torch.Tensor, d, eps: float) -> torch.Tensor:
     """Chen et al. analytic pass@k advantage (spec 6) = ((n/k) s_i - R) / (sigma + eps).
 
-    Written with the failure probabilities 1 - R = C(n-c,k)/C(n,k) and, for a wrong sample,
-    1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries: no cancellation when R
-    is close to 1 (large n, few failures).
+    Written with the failure probabilities miss_k = 1 - R = C(n-c,k)/C(n,k) and, for a wrong
+    sample, miss_rest = 1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries: no
+    cancellation when R is close to 1 (large n, few failures). Same names in group_math.h (case
+    CHEN_PASSK) and the Triton kernel (branch CHEN_PASSK):
+
+        sigma = sqrt((1 - miss_k) miss_k),  a_pos = miss_k / (sigma + eps),
+        a_neg = (miss_k - miss_rest) / (sigma + eps),  0 where R is exactly 0 or 1
     """
     wrong = sg.valid & (sg.x == 0)
     miss_k = (d * wrong).sum(1, keepdim=True)                              # 1 - R
@@ -278,27 +297,37 @@ def chen_passk(sg: SortedGroups, k: torch.Tensor, d, eps: float) -> torch.Tensor
     miss_rest = torch.where(kk == 1, torch.ones_like(miss_k),              # 1 - (n/k) s_i, wrong i
                             (d_rest * (ranks < n_wrong)).sum(1, keepdim=True))
     sigma = torch.sqrt((1 - miss_k) * miss_k)
-    value = torch.where(sg.x == 1, miss_k, miss_k - miss_rest) / (sigma + eps)
+    a_pos = miss_k / (sigma + eps)
+    a_neg = (miss_k - miss_rest) / (sigma + eps)
+    value = torch.where(sg.x == 1, a_pos, a_neg)
     degenerate = (n_wrong == sg.n) | (n_wrong < kk)                         # R is exactly 0 or 1
     return torch.where(degenerate, torch.zeros_like(value), value)
 
 
 def bon_rlb(sg: SortedGroups, k: torch.Tensor, d, two_sided: bool) -> torch.Tensor:
-    """Chow et al. BoN-RLB averaged over the k-subsets of the group (docs/conventions.md), sum scale."""
+    """Chow et al. BoN-RLB averaged over the k-subsets of the group (spec 4, docs/conventions.md),
+    sum scale. Same names in group_math.h (case BON_RLB) and the Triton kernel (branch BON_RLB):
+
+        R = pass@k estimate = sum_j d_j x_j,  c = successes,  p_fail = (n - c)/n (plug-in)
+        bon_rlb:      w_plus = k p^(k-1) / (1 - p^k),  w_minus = k p / (1 - p)  (+inf at p = 1)
+        bon_rlb_pos:  w_plus = k p^(k-1) / geometric,  geometric = 1 + p + ... + p^(k-1),  w_minus = 0
+        correct_weight = w_plus R / c,  wrong_weight = w_minus (1 - R) / (n - c)
+    """
     R = (d * sg.x).sum(1, keepdim=True)
     c = sg.masked(sg.x).sum(1, keepdim=True)
     n = sg.n.clamp(min=1)
-    p = (n - c) / n
+    p_fail = (n - c) / n
     kk = k.to(torch.float64)[:, None]
-    p_km1 = p ** (kk - 1)
-    one_minus_pk = -torch.expm1(kk * torch.log(p))                 # 1 - p^k, accurate near p = 1
-    geometric = torch.where(p < 1, one_minus_pk / (1 - p).clamp(min=1e-300), kk)  # 1 + p + ... + p^(k-1)
+    p_km1 = p_fail ** (kk - 1)
+    one_minus_pk = -torch.expm1(kk * torch.log(p_fail))            # 1 - p^k, accurate near p = 1
+    one_minus_p = (1 - p_fail).clamp(min=1e-300)
+    geometric = torch.where(p_fail < 1, one_minus_pk / one_minus_p, kk)  # 1 + p + ... + p^(k-1)
     if two_sided:
         w_plus = kk * p_km1 / one_minus_pk.clamp(min=1e-300)
-        w_minus = torch.where(p < 1, kk * p / (1 - p).clamp(min=1e-300), torch.full_like(p, math.inf))
+        w_minus = torch.where(p_fail < 1, kk * p_fail / one_minus_p, torch.full_like(p_fail, math.inf))
     else:
         w_plus = kk * p_km1 / geometric
-        w_minus = torch.zeros_like(p)
+        w_minus = torch.zeros_like(p_fail)
     correct_weight = w_plus * R / c.clamp(min=1)
     wrong_weight = w_minus * (1 - R) / (n - c).clamp(min=1)
     return torch.where(sg.x == 1, correct_weight, wrong_weight)

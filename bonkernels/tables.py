@@ -1,8 +1,8 @@
 """Weight tables for objectives that mix k, and the per-batch table bank the backends read (spec 12).
 
 A weighting ``w = (w_1, ..., w_T)`` over k means the objective ``J_w = sum_k w_k max@k``. Every
-estimator that is linear in its weight tables (maxk, passk, maxk_loo, maxk_loo_centered,
-maxk_loo1, maxk_offpolicy) then has the unbiased gradient weights ``sum_k w_k A^(k)``, which is the
+estimator that is linear in its weight tables (registry field ``linear_in_tables``: maxk, passk,
+maxk_loo, maxk_loo_centered, maxk_loo1, maxk_offpolicy; and maxk_offpolicy_exact) then has the unbiased gradient weights ``sum_k w_k A^(k)``, which is the
 single-k closed form with the tables d, o, q (spec 0.1) replaced by their w-weighted sums. So a
 mixture costs one table build per (estimator, n, w, small_groups) in float64, cached here, and no
 extra work per sample.
@@ -34,11 +34,15 @@ import torch
 from . import estimators
 from .reference import weight_tables
 
-# Estimators whose weights are linear in the tables d, o, q: the ones a bank can serve.
-BANK_ESTIMATORS = ("maxk", "passk", "maxk_loo", "maxk_loo_centered", "maxk_loo1", "maxk_offpolicy")
-# Linear in k too, but evaluated as a weighted sum of single-k calls (reference only).
-SUM_OVER_K_ESTIMATORS = ("maxk_offpolicy_exact",)
-MIXABLE_ESTIMATORS = BANK_ESTIMATORS + SUM_OVER_K_ESTIMATORS
+# All three lists are derived from the registry (fields ``linear_in_tables`` and ``backends``).
+# Every estimator whose weights are linear in its tables d, o, q: a mixture over k is exact for it.
+MIXABLE_ESTIMATORS = tuple(e.name for e in estimators.REGISTRY.values() if e.linear_in_tables)
+# Of those, the ones a kernel implements: the kernels (and the reference, for the same call) read
+# a bank of mixed tables, so a mixture costs what one k costs.
+BANK_ESTIMATORS = tuple(name for name in MIXABLE_ESTIMATORS
+                        if set(estimators.get(name).backends) != {"torch"})
+# The reference-only ones (maxk_offpolicy_exact): a mixture is the weighted sum of single-k calls.
+SUM_OVER_K_ESTIMATORS = tuple(name for name in MIXABLE_ESTIMATORS if name not in BANK_ESTIMATORS)
 
 # With a known max_group_size up to this bound, the bank holds every size 1..max_group_size, so
 # building it needs no look at the (possibly GPU-resident) group sizes.

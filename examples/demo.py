@@ -3,6 +3,7 @@
 import torch
 
 import bonkernels as bk
+from bonkernels import estimators
 
 
 def main() -> None:
@@ -16,8 +17,9 @@ def main() -> None:
     print(f"pass@{k} per group: {bk.pass_at_k(binary, k).tolist()}")
     print(f"max@{k} per group:  {bk.max_at_k(rewards, k).tolist()}\n")
     for name in bk.ESTIMATORS:
-        r = binary if name in ("passk", "chen_passk", "bon_rlb", "bon_rlb_pos") else rewards
-        kw = {"deltas": deltas} if name.startswith("maxk_offpolicy") else {}
+        est = estimators.get(name)                                     # the registry's facts
+        r = binary if est.binary else rewards
+        kw = {"deltas": deltas} if est.needs_deltas else {}
         a = bk.advantages(r, k, name, **kw)
         print(f"{name:>21}: " + "  ".join(" ".join(f"{v:+.3f}" for v in row) + " |" for row in a.tolist()))
 

@@ -1,6 +1,6 @@
 """Independent brute-force oracle for every estimator, per group.
 
-Written from the spec (shared/spec/estimators.md) and docs/conventions.md only, never from the
+Written from the spec (docs/spec.md) and docs/conventions.md only, never from the
 library's code, so that a wrong formula in the library cannot also be in here. Two kinds of
 definitions:
 
@@ -27,7 +27,7 @@ from itertools import combinations
 
 import numpy as np
 
-# The scale each estimator's defining formula gives (spec 0 / DESIGN.md "Scale rule").
+# The scale each estimator's defining formula gives (spec 0, "Scale convention").
 NATURAL_SCALE = {
     "maxk": "sum", "maxk_loo": "sum", "maxk_loo_centered": "sum", "maxk_loo1": "sum",
     "maxk_offpolicy": "sum", "maxk_offpolicy_exact": "sum", "passk": "sum", "tang_loo": "sum",

@@ -47,7 +47,7 @@ def test_native_kernel_accepts_exactly_the_registry_codes():
     deltas = torch.zeros(3, dtype=torch.float64)
     top = max(e.code for e in estimators.REGISTRY.values())
     for code in range(-2, top + 4):
-        est = estimators._BY_CODE.get(code)
+        est = estimators.BY_CODE.get(code)
         args = (values, offsets, deltas, 1, code, None, -math.inf, math.inf, True, 2, 1e-6)
         if est is not None and _codegen.implemented_natively(est):
             out = _native.advantages_packed(*args)
@@ -55,3 +55,184 @@ def test_native_kernel_accepts_exactly_the_registry_codes():
         else:
             with pytest.raises(ValueError, match="unknown estimator code|reference-only"):
                 _native.advantages_packed(*args)
+
+
+# ----------------------------------------------------------------------------- hand-kept lists
+
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from bonkernels import tables  # noqa: E402
+from bonkernels.triton import _facts  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SCANNED = ("bonkernels", "csrc", "bench", "examples", "python_tests", "scripts")
+
+
+def _sets():
+    """What a list of estimator names may stand for: each a set derived from the registry."""
+    reg = list(estimators.REGISTRY.values())
+    return {
+        "all": {e.name for e in reg},
+        "binary": {e.name for e in reg if e.binary},
+        "k_ignored": {e.name for e in reg if not e.uses_k},
+        "needs_deltas": {e.name for e in reg if e.needs_deltas},
+        "linear_in_tables": {e.name for e in reg if e.linear_in_tables},
+        "bank": set(tables.BANK_ESTIMATORS),
+        "k_margin_1": {e.name for e in reg if e.k_margin == 1},
+        "non_linear_uses_k": {e.name for e in reg if e.uses_k and not e.linear_in_tables},
+    }
+
+
+# Every literal list of three or more estimator names (or native codes) in the scanned code, with
+# what it repeats from the registry. "sample": a selection of estimators that a test or benchmark
+# runs (any subset is right; it states no fact). A dict maps names to a registry field; its keys
+# must be a subset of the registry and its values must equal the field. A new hand-kept list
+# fails test_every_hand_kept_list_is_declared: derive it from the registry, or declare it here.
+DECLARED = {
+    ("python_tests/oracle.py", "NATURAL_SCALE"): "field:scale",
+    ("python_tests/oracle.py", "K_IGNORED"): "k_ignored",
+    ("python_tests/oracle.py", "BINARY_ONLY"): "binary",
+    ("python_tests/test_api.py", "BINARY"): "binary",
+    ("python_tests/test_mixtures.py", "ESTIMATORS"): "field:k_margin",
+    ("python_tests/test_mixture_backends.py", "LINEAR"): "bank",
+    ("python_tests/test_native_group_math.py", "LINEAR"): "bank",
+    ("python_tests/test_native_group_math.py", "CENTRED"): "sample",
+    ("python_tests/test_triton_interpreter_mixtures.py", "LINEAR"): "bank",
+    ("bench/methods.py", "ESTIMATOR_SCALE"): "field:scale",
+    ("bench/run.py", "QUICK_ESTIMATORS"): "sample",
+    ("bench/report.py", "est_order"): "sample",
+    ("bench/gpu_check.py", "names"): "sample",
+    ("csrc/tests/test_group_math.cpp", "codes"): "bank",
+    ("csrc/tests/test_group_math.cpp", "centred"): "sample",
+}
+
+
+def _literal_names(node):
+    """The estimator names of a literal tuple/list/set/dict (or set(...)/frozenset(...)/tuple(...)
+    of one), and the dict itself for a dict; None when the node is no such literal."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args and \
+            node.func.id in ("set", "frozenset", "tuple", "list"):
+        node = node.args[0]
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, dict):
+        keys = [k for k in value if isinstance(k, str)]
+    elif isinstance(value, (tuple, list, set, frozenset)):
+        keys = [k for k in value if isinstance(k, str)]
+    else:
+        return None
+    names = [k for k in keys if k in estimators.REGISTRY]
+    if len(names) < 3 or len(names) != len(keys):
+        return None
+    return value
+
+
+def hand_kept_lists():
+    """(path, variable, value) of every literal list of >= 3 estimator names or codes."""
+    found = []
+    for top in SCANNED:
+        for path in sorted((REPO / top).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    value = _literal_names(node.value)
+                    if value is not None:
+                        for t in targets:
+                            name = t.id if isinstance(t, ast.Name) else ast.unparse(t)
+                            found.append((str(path.relative_to(REPO)), name, value))
+        for path in sorted(p for p in (REPO / top).rglob("*") if p.suffix in (".h", ".cpp", ".cu", ".cuh")):
+            if path.name == "estimator_facts.h":
+                continue
+            for m in re.finditer(r"(\w+)\[\]\s*=\s*\{([^}]*)\}", path.read_text()):
+                codes = re.findall(r"bk::([A-Z0-9_]+)", m.group(2))
+                if len(codes) >= 3:
+                    found.append((str(path.relative_to(REPO)), m.group(1), {c.lower() for c in codes}))
+    return found
+
+
+def test_hand_kept_list_scan_finds_lists():
+    """The scan is not vacuous: it finds the declared lists that exist in this checkout."""
+    found = {(p, n) for p, n, _ in hand_kept_lists()}
+    assert ("python_tests/oracle.py", "NATURAL_SCALE") in found
+    assert ("csrc/tests/test_group_math.cpp", "codes") in found
+
+
+def test_every_hand_kept_list_is_declared_and_agrees_with_the_registry():
+    sets = _sets()
+    problems = []
+    for path, name, value in hand_kept_lists():
+        kind = DECLARED.get((path, name))
+        if kind is None:
+            problems.append(f"{path}: {name} = {sorted(value)} is a hand-kept list of estimators: "
+                            "derive it from bonkernels.estimators, or declare it in DECLARED")
+        elif kind == "sample":
+            if not set(value) <= sets["all"]:
+                problems.append(f"{path}: {name} names estimators the registry lacks")
+        elif kind.startswith("field:"):
+            field = kind.split(":", 1)[1]
+            wrong = {k: v for k, v in value.items() if getattr(estimators.get(k), field) != v}
+            if wrong:
+                problems.append(f"{path}: {name} disagrees with the registry's {field}: {wrong}")
+            if path.startswith("python_tests/oracle") and set(value) != sets["all"]:
+                problems.append(f"{path}: {name} does not cover the registry")
+        elif set(value) != sets[kind]:
+            problems.append(f"{path}: {name} = {sorted(value)} is not the registry's {kind} set "
+                            f"{sorted(sets[kind])}")
+    assert problems == []
+
+
+def test_derived_lists_are_the_registry():
+    assert set(tables.MIXABLE_ESTIMATORS) == _sets()["linear_in_tables"]
+    assert set(tables.BANK_ESTIMATORS) == {e.name for e in estimators.REGISTRY.values()
+                                           if e.linear_in_tables and ("cpu" in e.backends or "triton" in e.backends)}
+    assert set(tables.SUM_OVER_K_ESTIMATORS) == {"maxk_offpolicy_exact"}
+    assert [e.name for e in _facts.kernel_estimators()] == [
+        e.name for e in sorted(estimators.REGISTRY.values(), key=lambda e: e.code) if "triton" in e.backends]
+    for name in ("_AHEAD_OF_REGISTRY", "_LINEAR_IN_TABLES", "_NOT_IN_KERNEL"):
+        assert not hasattr(_facts, name), name
+
+
+def _markdown_table(path: Path, header_start: str):
+    """Rows (lists of cells) of the first markdown table whose header row starts with header_start."""
+    rows, inside = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith(header_start):
+            inside = True
+            continue
+        if inside:
+            if not line.startswith("|"):
+                break
+            if set(line) <= set("|- "):
+                continue
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_docs_tables_agree_with_the_registry():
+    """docs/conventions.md's estimator table (name, natural scale), its list of the k-ignoring
+    estimators, and the README's estimator table name exactly the registry's estimators."""
+    rows = _markdown_table(REPO / "docs" / "conventions.md", "| name | natural scale |")
+    assert {r[0]: r[1] for r in rows} == {e.name: e.scale for e in estimators.REGISTRY.values()}
+    text = (REPO / "docs" / "conventions.md").read_text()
+    sentence = re.search(r"Estimators that ignore k\s*\(([^)]*)\)", text)
+    assert sentence is not None
+    assert set(re.findall(r"`(\w+)`", sentence.group(1))) == _sets()["k_ignored"]
+    readme = _markdown_table(REPO / "README.md", "| name | what |")
+    names = {n for r in readme for n in re.findall(r"`(\w+)`", r[0])}
+    assert names == _sets()["all"]
+
+
+def test_oracle_facts_are_the_registry():
+    """The independent oracle's own small lists (below the scan's three-name threshold) and
+    constants agree with the registry's fields."""
+    import oracle
+
+    reg = list(estimators.REGISTRY.values())
+    assert set(oracle.NON_NEGATIVE) == {e.name for e in reg if e.non_negative}
+    assert set(oracle.OFF_POLICY) == {e.name for e in reg if e.needs_deltas}
+    assert set(oracle.LOO_NEEDS_REST) == {e.name for e in reg if e.k_margin == 1}
+    assert {e.name: e.default_clip for e in reg if e.default_clip} == {"bon_rlb": oracle.BON_RLB_DEFAULT_CLIP}

@@ -58,13 +58,16 @@ def _max_table(rank, n, k):
     `rank` must grow by one along axis 1. Spec 0.1's downward recurrence d_r = d_{r+1} (r+1-k)/r
     from d_n = k/n, written as a reverse cumulative product: every factor is in [0, 1], so nothing
     overflows (there is no lgamma in the interpreter, and float64 lgamma would cost more).
+    As in reference.weight_tables and group_math.h weights_by_scan:
+    d_r = (k/n) suffix_product_r, suffix_product_r = prod_{t>r} f_t, f_t = (t-k)/(t-1); here the
+    factor at rank r is f_{r+1}, so the product is the inclusive reverse cumulative product.
     """
     rf = rank.to(tl.float64)
     kf = k.to(tl.float64)
     links = (rank >= 1) & (rank < n)
     factor = tl.where(links, tl.maximum(rf + 1.0 - kf, 0.0) / tl.maximum(rf, 1.0), 1.0)
-    tail = tl.cumprod(factor, axis=1, reverse=True)
-    return tl.where((rank >= 1) & (rank <= n), kf / tl.maximum(n, 1).to(tl.float64) * tail, 0.0)
+    suffix_product = tl.cumprod(factor, axis=1, reverse=True)
+    return tl.where((rank >= 1) & (rank <= n), kf / tl.maximum(n, 1).to(tl.float64) * suffix_product, 0.0)
 
 
 @triton.jit
@@ -364,53 +367,59 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         gap = tl.where(has_second, xtop - second, 0.0)
         result = tl.where(valid & (x == xtop), gap, 0.0)
     elif code == BON_MEAN:
-        # z-score of s, computed from the shifted rewards (s shifts by a constant, the z-score
-        # does not): a constant group has s exactly 0, hence exactly 0 output at any eps
+        # z-score of s (spec 3.3; reference.zscore, group_math.h zscore_emit), computed from the
+        # shifted rewards (s shifts by a constant, the z-score does not): a constant group has s
+        # exactly 0, hence exactly 0 output at any eps
         s_y = tl.where(valid, d * y + _suffix_exclusive(o * y), 0.0)
         s_first = _first_column(s_y, cols)
         dev = tl.where(valid, s_y - (s_first + _row_sum(tl.where(valid, s_y - s_first, 0.0)) /
                                      tl.maximum(nf, 1.0)), 0.0)
         std = tl.sqrt(_row_sum(dev * dev) / nm1)
-        s_abs = tl.max(tl.where(valid, tl.abs(s), 0.0), axis=1)[:, None]
-        constant = (std <= ZSCORE_CONSTANT_RTOL * s_abs) | (n < 2)
+        scale = tl.max(tl.where(valid, tl.abs(s), 0.0), axis=1)[:, None]
+        constant = (std <= ZSCORE_CONSTANT_RTOL * scale) | (n < 2)
         result = tl.where(constant, 0.0, dev / (std + eps))
     elif code == CHEN_PASSK:
-        # ((n/k) s_i - R) / (sigma + eps) with the failure probabilities (spec 6):
-        # miss_k = 1 - R = C(n-c,k)/C(n,k), and for a wrong sample
-        # miss_rest = 1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries
+        # ((n/k) s_i - R) / (sigma + eps) with the failure probabilities (spec 6; the names of
+        # reference.chen_passk and group_math.h): miss_k = 1 - R = C(n-c,k)/C(n,k), and for a
+        # wrong sample miss_rest = 1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table
+        # entries; a_pos = miss_k / (sigma + eps), a_neg = (miss_k - miss_rest) / (sigma + eps)
         wrong = valid & (x == 0.0)
         miss_k = _row_sum(tl.where(wrong, d, 0.0))
         n_wrong = tl.sum(wrong.to(tl.int32), axis=1)[:, None]
         d_rest = _max_table(rank, n - 1, tl.maximum(ksafe - 1, 1))
         miss_rest = tl.where(ksafe == 1, 1.0, _row_sum(tl.where(rank < n_wrong, d_rest, 0.0)))
         sigma = tl.sqrt((1.0 - miss_k) * miss_k)
-        value = tl.where(x == 1.0, miss_k, miss_k - miss_rest) / (sigma + eps)
+        a_pos = miss_k / (sigma + eps)
+        a_neg = (miss_k - miss_rest) / (sigma + eps)
+        value = tl.where(x == 1.0, a_pos, a_neg)
         degenerate = (n_wrong == n) | (n_wrong < ksafe)  # R is exactly 0 or 1
         result = tl.where(degenerate, 0.0, value)
     elif (code == BON_RLB) | (code == BON_RLB_POS):
-        # binary rewards; R = pass@k estimate and 1 - R, both as sums of positive weights
-        correct = _row_sum(x)
-        wrong = nf - correct
-        pass_k = _row_sum(d * x)
-        fail_k = _row_sum(tl.where(valid, d * (1.0 - x), 0.0))
-        is_correct = x == 1.0
-        # Chow BoN-RLB with plug-in p = (n - c)/n, averaged over k-subsets (conventions.md);
-        # the sum-scale values are w_plus R / c (correct) and w_minus (1 - R)/(n - c) (wrong)
-        p = wrong / tl.maximum(nf, 1.0)
-        log_p = tl.log(tl.where(p > 0.0, p, 1.0))
-        p_km1 = tl.where(ksafe == 1, 1.0, tl.where(p > 0.0, tl.exp((kf - 1.0) * log_p), 0.0))
-        p_k = tl.where(p > 0.0, tl.exp(kf * log_p), 0.0)
-        one_minus_pk = tl.where(correct > 0.0, 1.0 - p_k, 1.0)
+        # Chow BoN-RLB with plug-in p_fail = (n - c)/n, averaged over k-subsets (spec 4); the
+        # names of reference.bon_rlb and group_math.h. Binary rewards; R = pass@k estimate and
+        # 1 - R, both as sums of positive table entries. Sum-scale values: correct_weight =
+        # w_plus R / c, wrong_weight = w_minus (1 - R)/(n - c).
+        c = _row_sum(x)
+        n_minus_c = nf - c
+        R = _row_sum(d * x)
+        one_minus_R = _row_sum(tl.where(valid, d * (1.0 - x), 0.0))
+        p_fail = n_minus_c / tl.maximum(nf, 1.0)
+        log_p = tl.log(tl.where(p_fail > 0.0, p_fail, 1.0))
+        p_km1 = tl.where(ksafe == 1, 1.0, tl.where(p_fail > 0.0, tl.exp((kf - 1.0) * log_p), 0.0))
+        p_k = tl.where(p_fail > 0.0, tl.exp(kf * log_p), 0.0)
+        # 1 - p^k (the reference and group_math.h use -expm1(k log p); the two differ by rounding)
+        one_minus_pk = tl.where(c > 0.0, 1.0 - p_k, 1.0)
         if code == BON_RLB:
             w_plus = kf * p_km1 / one_minus_pk
-            w_minus = tl.where(correct > 0.0, kf * p / tl.where(correct > 0.0, 1.0 - p, 1.0),
+            w_minus = tl.where(c > 0.0, kf * p_fail / tl.where(c > 0.0, 1.0 - p_fail, 1.0),
                                float("inf"))
-            neg = w_minus * fail_k / tl.maximum(wrong, 1.0)
+            wrong_weight = w_minus * one_minus_R / tl.maximum(n_minus_c, 1.0)
         else:
-            w_plus = kf * p_km1 * (1.0 - p) / one_minus_pk
-            neg = tl.zeros_like(fail_k)
-        pos = w_plus * pass_k / tl.maximum(correct, 1.0)
-        result = nf * tl.where(is_correct, pos, neg)
+            # w_plus = k p^(k-1) / geometric with geometric = (1 - p^k)/(1 - p)
+            w_plus = kf * p_km1 * (1.0 - p_fail) / one_minus_pk
+            wrong_weight = tl.zeros_like(one_minus_R)
+        correct_weight = w_plus * R / tl.maximum(c, 1.0)
+        result = nf * tl.where(x == 1.0, correct_weight, wrong_weight)
     elif (code == GRPO) | (code == RLOO) | (code == DR_GRPO):
         # centred on the group's smallest sample (a constant group gives exactly 0) and divided
         # by a power of two first (exact), so that |x| near the float64 limit neither overflows

@@ -23,14 +23,12 @@
 #define BK_INF (static_cast<double>(INFINITY))
 #define BK_NAN (static_cast<double>(NAN))
 
-// The estimator codes and predicates (natural_scale_is_mean, uses_k, k_margin, needs_deltas,
-// order_free, native_supports), generated from bonkernels/estimators.py.
+// The estimator codes, predicates (natural_scale_is_mean, uses_k, k_margin, needs_deltas,
+// order_free, linear_in_tables, native_supports) and constants (kZscoreConstantRtol), generated
+// from bonkernels/estimators.py by `python -m bonkernels._codegen`.
 #include "bonkernels/estimator_facts.h"
 
 namespace bk {
-
-// Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
-constexpr double kZscoreConstantRtol = 1e-10;
 
 // a / b from an estimate r0 of 1/b good to ~20 bits: two Newton steps on the reciprocal, one
 // correction of the quotient (within an ulp or so). IEEE special cases as a / b: b = 0 or +-inf

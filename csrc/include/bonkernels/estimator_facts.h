@@ -29,6 +29,9 @@ enum Code : int {
 // One past the largest code.
 constexpr int NUM_CODES = 18;
 
+// Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).
+constexpr double kZscoreConstantRtol = 1e-10;
+
 // An estimator of the registry has this code.
 BK_HD bool known_code(int code) {
   switch (code) {
@@ -126,6 +129,22 @@ BK_HD bool order_free(int code) {
     case RLOO:
     case DR_GRPO:
     case MAXRL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Linear in the weight tables d, o, q: a mixture over k reads the call's bank (spec 12)
+BK_HD bool linear_in_tables(int code) {
+  switch (code) {
+    case MAXK:
+    case MAXK_LOO:
+    case MAXK_LOO_CENTERED:
+    case MAXK_LOO1:
+    case MAXK_OFFPOLICY:
+    case MAXK_OFFPOLICY_EXACT:
+    case PASSK:
       return true;
     default:
       return false;

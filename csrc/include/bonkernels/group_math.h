@@ -1,8 +1,9 @@
 // The per-group mathematics of every native estimator, written once for every executor.
 //
 // A group arrives sorted ascending (x, and the deltas permuted alongside). The estimators are the
-// closed forms of docs/conventions.md, evaluated with weight tables, exclusive prefix/suffix scans
-// and group reductions. How those primitives run is the executor's business:
+// closed forms of docs/spec.md ("spec N.M" is its section N.M; summary in docs/conventions.md),
+// with the closed forms and variable names of bonkernels/reference.py, evaluated with weight
+// tables, exclusive prefix/suffix scans and group reductions. How those primitives run is the executor's business:
 //   * SerialExec (serial_exec.h): one CPU thread walks the group; tables are cached per (n, k);
 //   * the CUDA executors (csrc/cuda): one sub-warp or one block per group, shuffles and shared memory.
 //
@@ -28,17 +29,18 @@
 namespace bk {
 
 // d^(N,K)_j = C(j-1,K-1)/C(N,K) (0 for j > N) by a reversed exclusive product scan of the
-// downward-recurrence factors: d_j = (K/N) prod_{N >= t > j} (t-K)/(t-1). Every factor lies in
-// [0, 1] for t > K and the factor at t = K is 0, so nothing overflows (spec 0.1).
+// downward-recurrence factors: d_j = (K/N) suffix_product_j, suffix_product_j = prod_{N >= t > j}
+// table_factor(t) = prod (t-K)/(t-1). Every factor lies in [0, 1] for t > K and the factor at
+// t = K is 0, so nothing overflows (spec 0.1; reference.weight_tables, Triton _max_table).
 template <class Ex, bool kPrev>
 BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename Ex::Vec& prev) {
   const double top = bk_div_moderate(double(K), double(N < 1 ? 1 : N));
   ex.scan(true, 1.0, ProdOp(), [&](int, int j) { return table_factor(j, N, K); },
-          [&](int s, int j, double excl) {
-            const double a = (j <= N && K >= 1) ? top * excl : 0.0;
+          [&](int s, int j, double suffix_product) {
+            const double a = (j <= N && K >= 1) ? top * suffix_product : 0.0;
             at[s] = a > 0.0 ? a : 0.0;
             if (kPrev) {
-              const double b = (j >= 2 && j <= N + 1 && K >= 1) ? top * excl * table_factor(j, N, K) : 0.0;
+              const double b = (j >= 2 && j <= N + 1 && K >= 1) ? top * suffix_product * table_factor(j, N, K) : 0.0;
               prev[s] = b > 0.0 ? b : 0.0;
             }
           });
@@ -75,21 +77,10 @@ BK_HD Centre group_centre(Ex& ex, V& v) {
 
 // ----------------------------------------------------------------------------- weight tables
 
-// The estimators whose value is linear in their weight tables (spec 12): a mixture over k is the
-// same formula with mixed tables, so these read the call's bank when it has one.
-BK_HD bool reads_weight_tables(int code) {
-  switch (code) {
-    case MAXK:
-    case PASSK:
-    case MAXK_LOO:
-    case MAXK_LOO_CENTERED:
-    case MAXK_LOO1:
-    case MAXK_OFFPOLICY:
-      return true;
-    default:
-      return false;
-  }
-}
+// The estimators whose value is linear in their weight tables (spec 12) and that these kernels
+// implement: a mixture over k is the same formula with mixed tables, so these read the call's bank
+// when it has one. Both facts come from the registry (estimator_facts.h).
+BK_HD bool reads_weight_tables(int code) { return linear_in_tables(code) && native_supports(code); }
 
 // The tables of one linear estimator for the current group, at rank j (slot s), in the notation
 // of the bank (spec 12; D, O, Q of spec 0.1):
@@ -199,7 +190,9 @@ BK_HD void maxk_values(Ex& ex, Tables& t, Vec& x, Out out) {
           [&](int s, int j, double suffix) { out(s, t.D(s, j) * x[s] + suffix); });
 }
 
-// (v - mean) / (sample std + eps); 0 for singletons and when std <= rtol * max|v| (spec 3.3).
+// (v - mean) / (std + eps), std the sample std (n - 1); 0 for singletons and when
+// std <= rtol * scale, scale = max|v| (spec 3.3, 13.1; reference.zscore, Triton BON_MEAN/GRPO).
+// Here sd_r is std in the rescaled units (std * c.shrink * r.shrink).
 // Residues are centred on a group element (exactly 0 on a constant group) and rescaled by a power
 // of two of the largest one before squaring, so the std neither overflows nor underflows.
 template <class Ex, class Emit>
@@ -348,7 +341,9 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     }
     case CHEN_PASSK: {  // ((n/k) s_i - R) / (sigma + eps), spec 6, with the failure probabilities
       // miss_k = 1 - R = C(n-c,k)/C(n,k) and, for a wrong sample, miss_rest = 1 - (n/k) s_i =
-      // C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries (no cancellation when R is near 1).
+      // C(n-1-c,k-1)/C(n-1,k-1), each a sum of table entries (no cancellation when R is near 1);
+      // sigma = sqrt((1 - miss_k) miss_k), a_pos = miss_k / (sigma + eps),
+      // a_neg = (miss_k - miss_rest) / (sigma + eps), as in reference.chen_passk.
       Vec d, d_rest;
       ex.alloc(d), ex.alloc(d_rest);
       ex.weights(n, k, d);
@@ -362,34 +357,34 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       const double var = (1.0 - miss_k) * miss_k;
       const double sigma = bk_sqrt(var > 0.0 ? var : 0.0);
       const bool degenerate = n_wrong == nd || n_wrong < double(k);  // R is exactly 0 or 1
-      const double positive = bk_div(miss_k, sigma + p.eps), negative = bk_div(miss_k - miss_rest, sigma + p.eps);
-      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : (x[s] == 1.0 ? positive : negative)); });
+      const double a_pos = bk_div(miss_k, sigma + p.eps), a_neg = bk_div(miss_k - miss_rest, sigma + p.eps);
+      ex.for_each([&](int s, int) { emit(s, degenerate ? 0.0 : (x[s] == 1.0 ? a_pos : a_neg)); });
       return;
     }
     case BON_RLB:
-    case BON_RLB_POS: {  // Chow et al., averaged over k-subsets (docs/conventions.md), times n
+    case BON_RLB_POS: {  // Chow et al., averaged over k-subsets (spec 4), times n; names as in reference.bon_rlb
       Vec d;
       ex.alloc(d);
       ex.weights(n, k, d);
       const double R = ex.reduce(0.0, SumOp(), [&](int s, int) { return d[s] * x[s]; });
       const double c = ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; });
-      const double pf = bk_div_moderate(nd - c, nd);  // plug-in failure probability
+      const double p_fail = bk_div_moderate(nd - c, nd);  // plug-in failure probability
       const double kd = double(k);
-      const double p_km1 = ipow(pf, k - 1);
-      const double one_minus_pk = -::expm1(kd * ::log(pf));  // 1 - p^k, accurate near p = 1
-      const double one_minus_p = (1.0 - pf) > 1e-300 ? (1.0 - pf) : 1e-300;
+      const double p_km1 = ipow(p_fail, k - 1);
+      const double one_minus_pk = -::expm1(kd * ::log(p_fail));  // 1 - p^k, accurate near p = 1
+      const double one_minus_p = (1.0 - p_fail) > 1e-300 ? (1.0 - p_fail) : 1e-300;
       double w_plus, w_minus;
       if (p.code == BON_RLB) {
         w_plus = bk_div(kd * p_km1, one_minus_pk > 1e-300 ? one_minus_pk : 1e-300);
-        w_minus = pf < 1.0 ? bk_div(kd * pf, one_minus_p) : BK_INF;
+        w_minus = p_fail < 1.0 ? bk_div(kd * p_fail, one_minus_p) : BK_INF;
       } else {
-        const double geometric = pf < 1.0 ? bk_div(one_minus_pk, one_minus_p) : kd;  // 1 + p + ... + p^(k-1)
+        const double geometric = p_fail < 1.0 ? bk_div(one_minus_pk, one_minus_p) : kd;  // 1 + p + ... + p^(k-1)
         w_plus = bk_div(kd * p_km1, geometric);
         w_minus = 0.0;
       }
-      const double correct = bk_div_moderate(w_plus * R, c > 1.0 ? c : 1.0);
-      const double wrong = bk_div_moderate(w_minus * (1.0 - R), (nd - c) > 1.0 ? (nd - c) : 1.0);
-      ex.for_each([&](int s, int) { emit(s, (x[s] == 1.0 ? correct : wrong) * nd); });
+      const double correct_weight = bk_div_moderate(w_plus * R, c > 1.0 ? c : 1.0);
+      const double wrong_weight = bk_div_moderate(w_minus * (1.0 - R), (nd - c) > 1.0 ? (nd - c) : 1.0);
+      ex.for_each([&](int s, int) { emit(s, (x[s] == 1.0 ? correct_weight : wrong_weight) * nd); });
       return;
     }
     case GRPO:
