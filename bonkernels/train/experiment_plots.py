@@ -1,0 +1,86 @@
+"""Plots of the pass@k experiment: final pass@k / max@k against k (k = 1..eval_n), and pass@k /
+max@k against sampled training completions, per arm, with mean ± sd bands over seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import experiment_report as rep
+from . import experiment_stats as st
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colors(n):
+    plt = _plt()
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def plot_at_k(data: dict, arms, path: str) -> None:
+    """pass@k and max@k for every k = 1..eval_n at the final step; the warm start dashed."""
+    plt = _plt()
+    ks = list(range(1, data["eval_n"] + 1))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    arms = [a for a in arms if data["arms"].get(a)]
+    for ax, kind in zip(axes, ("pass", "max")):
+        if data["warm"]:
+            stats = [st.mean_sd(rep.dataset_metric(data["warm"], f"{kind}@{k}")) for k in ks]
+            m = np.array([x for x, _ in stats])
+            s = np.array([y for _, y in stats])
+            ax.plot(ks, m, "k--", label=f"warm start ({len(data['warm'])} evals)")
+            ax.fill_between(ks, m - s, m + s, color="k", alpha=0.1)
+        for arm, color in zip(arms, _colors(len(arms))):
+            ft = rep.final_tables(data, arm)
+            stats = [st.mean_sd(rep.dataset_metric(ft, f"{kind}@{k}")) for k in ks]
+            m = np.array([x for x, _ in stats])
+            s = np.array([y for _, y in stats])
+            ax.plot(ks, m, color=color, marker="o", ms=2.5, label=f"{arm} ({len(ft)} seeds)")
+            ax.fill_between(ks, m - s, m + s, color=color, alpha=0.12)
+        ax.set_xscale("log", base=2)
+        ticks = [k for k in ks if k & (k - 1) == 0 or k == ks[-1]]
+        ax.set_xticks(ticks, [str(k) for k in ticks])
+        ax.set_xlabel("k")
+        ax.set_ylabel(f"{kind}@k")
+        ax.set_title(f"{kind}@k at step {data['steps']} (mean ± sd over seeds)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(res: dict, path: str) -> None:
+    """One panel per metric of res["curves"] (pass@1, pass@4, pass@eval_n, max@...): the metric
+    against sampled training completions, mean ± sd over seeds, one line per arm."""
+    plt = _plt()
+    curves = res["curves"]
+    if not curves:
+        return
+    metrics = list(next(iter(curves.values())))
+    cols = (len(metrics) + 1) // 2
+    fig, axes = plt.subplots(2, cols, figsize=(5 * cols, 8), squeeze=False)
+    arms = list(curves)
+    for i, metric in enumerate(metrics):
+        ax = axes[i // cols][i % cols]
+        for arm, color in zip(arms, _colors(len(arms))):
+            c = curves[arm][metric]
+            x, m, s = np.array(c["samples"]), np.array(c["mean"]), np.array(c["sd"])
+            ax.plot(x, m, color=color, marker="o", ms=2.5, label=arm)
+            ax.fill_between(x, m - s, m + s, color=color, alpha=0.12)
+        ax.set_title(f"{metric} against sampled completions")
+        ax.set_xlabel("training completions sampled")
+        ax.grid(alpha=0.3)
+    for j in range(len(metrics), 2 * cols):
+        axes[j // cols][j % cols].axis("off")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
