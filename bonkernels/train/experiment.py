@@ -221,7 +221,8 @@ def run_experiment(args, spec: dict, argv_seeds: bool = False) -> int:
         jobs.append(("gradvar", ["--config", args.config, "--runs", args.runs],
                      os.path.join(args.runs, "gradvar", "log.txt"),
                      "bonkernels.train.experiment_gradvar", [first_warm]))
-    for arm in arms:
+    # the most expensive runs (most optimiser passes per batch) first: a shorter tail at the end
+    for arm in sorted(arms, key=lambda a: -int(a.get("flags", {}).get("ppo_epochs", 1))):
         for seed in seeds:
             name = rep.run_name(arm["name"], seed)
             run_dir = os.path.join(args.runs, name)

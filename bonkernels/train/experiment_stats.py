@@ -52,13 +52,16 @@ def _as_2d(x) -> np.ndarray:
 
 
 def paired_bootstrap(a, b, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95,
-                     pair_seeds: bool = True) -> dict:
+                     pair_seeds: bool = True, resample_seeds: bool = True) -> dict:
     """Mean of a - b over seeds and prompts, bootstrapped over prompts and seeds.
 
     a, b: [S_a, P] and [S_b, P] (or [P]) per-prompt values of two arms on the same P prompts.
     Prompts are resampled with the same indices for both (the pairing by prompt); seeds are
-    resampled too, with the same indices for both when ``pair_seeds`` and S_a == S_b (the runs of
-    one seed share the evaluation's sampling seed), independently otherwise. Returns diff (the
+    resampled too (unless ``resample_seeds`` is false), with the same indices for both when
+    ``pair_seeds`` and S_a == S_b (the runs of one seed share the evaluation's sampling seed),
+    independently otherwise. Resampling both prompts and seeds counts the prompt-by-seed noise
+    twice, so the interval is somewhat conservative (wider) rather than optimistic; with prompts
+    only it covers the evaluation's noise given these training runs. Returns diff (the
     observed mean difference), se (the bootstrap standard deviation), lo/hi (percentile interval
     at ``level``), p (two-sided: twice the smaller tail of the bootstrap distribution beyond 0,
     at least 1/n_boot), n_prompts, n_seeds_a, n_seeds_b.
@@ -71,9 +74,11 @@ def paired_bootstrap(a, b, *, n_boot: int = 2000, seed: int = 0, level: float = 
     rng = np.random.default_rng(seed)
     diff = float(a.mean() - b.mean())
     prompts = rng.integers(0, P, size=(n_boot, P))
-    seeds_a = rng.integers(0, sa, size=(n_boot, sa))
+    seeds_a = (rng.integers(0, sa, size=(n_boot, sa)) if resample_seeds
+               else np.broadcast_to(np.arange(sa), (n_boot, sa)))
     paired = pair_seeds and sa == sb
-    seeds_b = seeds_a if paired else rng.integers(0, sb, size=(n_boot, sb))
+    seeds_b = seeds_a if paired else (rng.integers(0, sb, size=(n_boot, sb)) if resample_seeds
+                                      else np.broadcast_to(np.arange(sb), (n_boot, sb)))
     # per resample: mean over resampled seeds of the mean over resampled prompts
     pa = np.stack([a[:, idx].mean(1) for idx in prompts])          # [n_boot, S_a]
     pb = np.stack([b[:, idx].mean(1) for idx in prompts])          # [n_boot, S_b]
@@ -81,7 +86,8 @@ def paired_bootstrap(a, b, *, n_boot: int = 2000, seed: int = 0, level: float = 
              - np.take_along_axis(pb, seeds_b, 1).mean(1))
     alpha = (1.0 - level) / 2
     lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
-    tail = min(float(np.mean(boots <= 0.0)), float(np.mean(boots >= 0.0)))
+    ties = float(np.mean(boots == 0.0))  # discrete metrics: resamples with no difference at all
+    tail = min(float(np.mean(boots < 0.0)), float(np.mean(boots > 0.0))) + ties / 2
     p = min(1.0, max(2.0 * tail, 1.0 / n_boot))
     return {"diff": diff, "se": float(boots.std(ddof=1)), "lo": float(lo), "hi": float(hi),
             "p": p, "level": level, "n_boot": n_boot, "n_prompts": P, "n_seeds_a": sa,
