@@ -138,4 +138,22 @@ def test_report_only_command(runs, tmp_path):
     assert "lower variance: harmonic" in text and "relative variance ratio" in text
     results = json.loads((out / "results.json").read_text())
     assert results["claims"]["1"]["met"] is True
-    assert os.path.exists(out / "pass_max_at_k.png") and os.path.exists(out / "curves_vs_samples.png")
+    for name in ("pass_max_at_k.png", "curves_vs_samples.png", "curves_offpolicy.png",
+                 "diff_vs_grpo.png"):
+        assert os.path.getsize(out / name) > 1000
+
+
+def test_schedule_dependencies(tmp_path):
+    """Jobs wait for the jobs they name; a name that is not among the jobs finished earlier; a job
+    whose dependency failed is skipped and counted as failed."""
+    from bonkernels.train.experiment import _schedule
+
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text("{}")
+    bad.write_text("{not json")
+    log = str(tmp_path / "log.txt")
+    jobs = [("a", [str(good)], log, "json.tool", ["finished-earlier"]),
+            ("b", [str(bad)], log, "json.tool", []),
+            ("c", [str(good)], log, "json.tool", ["b"]),
+            ("d", [str(good)], log, "json.tool", ["a"])]
+    assert _schedule(jobs, 2, 0.0) == ["b", "c"]

@@ -153,7 +153,8 @@ def main(argv=None) -> int:
 def _schedule(jobs: list, max_jobs: int, start: float) -> list:
     """Run (name, argv, log path, module, after) jobs, at most max_jobs at a time; a job waits until
     the jobs named in ``after`` are done. Returns the names of the jobs that failed."""
-    queue, running, done, failed = list(jobs), [], set(), []
+    queue, running, failed = list(jobs), [], []
+    done = {after for job in jobs for after in job[4]} - {job[0] for job in jobs}  # finished before
     while queue or running:
         ready = [job for job in queue if set(job[4]) <= done | set(failed)]
         while ready and len(running) < max_jobs:
@@ -180,6 +181,16 @@ def _schedule(jobs: list, max_jobs: int, start: float) -> list:
                 status = "done" if ok else f"FAILED ({proc.returncode})"
                 print(f"[{time.time() - start:5.0f} s] {status} {name}", flush=True)
     return failed
+
+
+def _gradvar_done(path: str, gv: dict) -> bool:
+    """A gradient-variance result for these arms and this number of repeated batches exists."""
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        done = json.load(f)
+    return (sorted(done.get("arms", {})) == sorted(gv["arms"])
+            and done.get("repeats") == int(gv.get("repeats", 32)))
 
 
 def run_experiment(args, spec: dict, argv_seeds: bool = False) -> int:
@@ -217,7 +228,7 @@ def run_experiment(args, spec: dict, argv_seeds: bool = False) -> int:
                      [] if name == first_warm else [first_warm]))
     gv = spec.get("analysis", {}).get("gradvar")
     gv_path = os.path.join(args.runs, "gradvar", "gradvar.json")
-    if gv and not os.path.exists(gv_path) and (args.only is None or set(gv["arms"]) <= set(args.only)):
+    if gv and not _gradvar_done(gv_path, gv) and (args.only is None or set(gv["arms"]) <= set(args.only)):
         jobs.append(("gradvar", ["--config", args.config, "--runs", args.runs],
                      os.path.join(args.runs, "gradvar", "log.txt"),
                      "bonkernels.train.experiment_gradvar", [first_warm]))
@@ -259,6 +270,13 @@ def run_experiment(args, spec: dict, argv_seeds: bool = False) -> int:
     ckpt.atomic_write_bytes(os.path.join(args.out, "results.md"), text.encode())
     experiment_plots.plot_at_k(data, names, os.path.join(args.out, "pass_max_at_k.png"))
     experiment_plots.plot_curves(res, os.path.join(args.out, "curves_vs_samples.png"))
+    an = spec.get("analysis", {})
+    if an.get("offpolicy_reuse"):
+        experiment_plots.plot_curves(res, os.path.join(args.out, "curves_offpolicy.png"),
+                                     arms=[an.get("offpolicy_one_epoch"), *an["offpolicy_reuse"]])
+    if an.get("grpo"):
+        experiment_plots.plot_diff_vs_reference(data, names, an["grpo"],
+                                                os.path.join(args.out, "diff_vs_grpo.png"))
     print(text)
     return 1 if failed else 0
 

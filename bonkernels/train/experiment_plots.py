@@ -57,11 +57,12 @@ def plot_at_k(data: dict, arms, path: str) -> None:
     plt.close(fig)
 
 
-def plot_curves(res: dict, path: str) -> None:
+def plot_curves(res: dict, path: str, arms=None) -> None:
     """One panel per metric of res["curves"] (pass@1, pass@4, pass@eval_n, max@...): the metric
-    against sampled training completions, mean ± sd over seeds, one line per arm."""
+    against sampled training completions, mean ± sd over seeds, one line per arm (all, or
+    ``arms``)."""
     plt = _plt()
-    curves = res["curves"]
+    curves = {a: c for a, c in res["curves"].items() if arms is None or a in arms}
     if not curves:
         return
     metrics = list(next(iter(curves.values())))
@@ -74,13 +75,46 @@ def plot_curves(res: dict, path: str) -> None:
             c = curves[arm][metric]
             x, m, s = np.array(c["samples"]), np.array(c["mean"]), np.array(c["sd"])
             ax.plot(x, m, color=color, marker="o", ms=2.5, label=arm)
-            ax.fill_between(x, m - s, m + s, color=color, alpha=0.12)
+            ax.fill_between(x, m - s, m + s, color=color, alpha=0.08)
         ax.set_title(f"{metric} against sampled completions")
         ax.set_xlabel("training completions sampled")
         ax.grid(alpha=0.3)
     for j in range(len(metrics), 2 * cols):
         axes[j // cols][j % cols].axis("off")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_diff_vs_reference(data: dict, arms, reference: str, path: str, *, n_boot: int = 500) -> None:
+    """Final pass@k and max@k minus the reference arm's (GRPO), k = 1..eval_n, per arm: the paired
+    mean difference with its 95% bootstrap band over prompts and seeds."""
+    plt = _plt()
+    if not data["arms"].get(reference):
+        return
+    ref = rep.final_tables(data, reference)
+    arms = [a for a in arms if a != reference and data["arms"].get(a)]
+    ks = list(range(1, data["eval_n"] + 1))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    for ax, kind in zip(axes, ("pass", "max")):
+        ax.axhline(0.0, color="k", lw=0.8)
+        for arm, color in zip(arms, _colors(len(arms))):
+            ft = rep.final_tables(data, arm)
+            comps = [rep.compare(ft, ref, f"{kind}@{k}", n_boot=n_boot) for k in ks]
+            ax.plot(ks, [c["diff"] for c in comps], color=color, marker="o", ms=2.5, label=arm)
+            ax.fill_between(ks, [c["lo"] for c in comps], [c["hi"] for c in comps], color=color,
+                            alpha=0.08)
+        ax.set_xscale("log", base=2)
+        ticks = [k for k in ks if k & (k - 1) == 0 or k == ks[-1]]
+        ax.set_xticks(ticks, [str(k) for k in ticks])
+        ax.set_xlabel("k")
+        ax.set_ylabel(f"{kind}@k − {reference}")
+        ax.set_title(f"{kind}@k minus {reference} at step {data['steps']} (paired, 95% band)")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.savefig(path, dpi=110)
     plt.close(fig)
