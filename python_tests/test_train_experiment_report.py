@@ -49,6 +49,7 @@ def _spec():
             "analysis": {"grpo": "grpo", "maxk_family": ["good", "maxrl"], "anneal": "anneal",
                          "maxrl": "maxrl", "harmonic": "harmonic",
                          "offpolicy_one_epoch": "one epoch", "offpolicy_reuse": ["reuse"],
+                         "k_sweep": ["maxrl", "good"],
                          "n_boot": 300}}
 
 
@@ -102,6 +103,9 @@ def test_collect_analyse_and_write(runs, tmp_path):
     text = rep.markdown(res, spec, wall_seconds=120)
     assert "1. A max@k-family arm" in text and "**met**" in text
     assert "grpo-s7" in text and "2.0 min" in text
+    assert "the best by mean final pass@16 is **good**" in text
+    assert "| good | +0." in text.split("Paired differences from the warm start")[1]
+    assert not claims["2"]["target_at_or_below_warm"]
     experiment_plots.plot_at_k(data, list(LEVELS), str(tmp_path / "k.png"))
     experiment_plots.plot_curves(res, str(tmp_path / "c.png"))
     assert os.path.getsize(tmp_path / "k.png") > 1000 and os.path.getsize(tmp_path / "c.png") > 1000
@@ -115,6 +119,13 @@ def test_claims_fail_when_the_data_say_so(runs):
     res = rep.analyse(rep.collect(runs, list(LEVELS), list(SEEDS), STEPS), spec, None, n_boot=300)
     assert res["claims"]["1"]["met"] is False
     assert res["claims"]["2"]["met"] is False
+    assert res["claims"]["2"]["arms"]["grpo"]["samples_to_target"] is None
+    # a one-epoch arm that ends below the warm start: every arm "reaches" it at 0 samples
+    spec["analysis"].update(offpolicy_one_epoch="bad", offpolicy_reuse=["reuse"])
+    res2 = rep.analyse(rep.collect(runs, list(LEVELS), list(SEEDS), STEPS), spec, None, n_boot=300)
+    c2 = res2["claims"]["2"]
+    assert c2["target_at_or_below_warm"] and c2["arms"]["reuse"]["samples_to_target"] == 0.0
+    assert c2["met"] is False and "cannot favour reuse" in rep.markdown(res2, spec)
     assert res["claims"]["3"]["met"] is False
     assert "**not met**" in rep.markdown(res, spec)
 
