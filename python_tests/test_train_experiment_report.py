@@ -137,7 +137,9 @@ def test_report_only_command(runs, tmp_path):
     gradvar = {"arms": {"maxrl": {"trace_cov": 2.0, "mean_sq_norm": 1.0, "rel_var": 2.0},
                         "harmonic": {"trace_cov": 1.0, "mean_sq_norm": 1.0, "rel_var": 1.0}},
                "ratio": {"num": "harmonic", "den": "maxrl", "value": 0.5, "lo": 0.4, "hi": 0.6},
-               "cosine": 0.9, "repeats": 8, "batch_size": 4, "n": 8}
+               "cosine": 0.9, "repeats": 8, "batch_size": 4, "n": 8,
+               "by_reward": {"binary": {"ratio": {"num": "h", "den": "m", "value": 0.7, "lo": 0.6,
+                                                  "hi": 0.8}, "cosine": 0.95}}}
     with open(os.path.join(runs, "gradvar", "gradvar.json"), "w") as f:
         json.dump(gradvar, f)
     config = tmp_path / "config.json"
@@ -147,6 +149,7 @@ def test_report_only_command(runs, tmp_path):
                             "--report-only"]) == 0
     text = (out / "results.md").read_text()
     assert "lower variance: harmonic" in text and "relative variance ratio" in text
+    assert "with the binary reward: ratio 0.700 [0.600, 0.800]" in text
     results = json.loads((out / "results.json").read_text())
     assert results["claims"]["1"]["met"] is True
     for name in ("pass_max_at_k.png", "curves_vs_samples.png", "curves_offpolicy.png",

@@ -184,13 +184,12 @@ def _schedule(jobs: list, max_jobs: int, start: float) -> list:
 
 
 def _gradvar_done(path: str, gv: dict) -> bool:
-    """A gradient-variance result for these arms and this number of repeated batches exists."""
+    """A gradient-variance result of these settings (arms, repeats, rewards, ...) exists."""
     if not os.path.exists(path):
         return False
     with open(path) as f:
         done = json.load(f)
-    return (sorted(done.get("arms", {})) == sorted(gv["arms"])
-            and done.get("repeats") == int(gv.get("repeats", 32)))
+    return done.get("spec") == gv
 
 
 def run_experiment(args, spec: dict, argv_seeds: bool = False) -> int:

@@ -15,6 +15,11 @@ R gradients g_r of one estimator:
 * a bootstrap over the R batches (exact, from the Gram matrix of the gradients) of the ratio of
   two estimators' relative variances, and the cosine between their mean gradients.
 
+With "extra_rewards": ["binary"] the same batches are also scored with the all-tests-passed 0/1
+reward (on 0/1 rewards MaxRL's one-liner and the harmonic mixture target the same objective, so
+the comparison is exactly the one of the estimator specification); every (estimator, reward) pair
+gets its statistics and each reward its ratio ("by_reward").
+
 Writes RUNS/gradvar/gradvar.json. The experiment runs it as one of its jobs (one thread).
 """
 
@@ -138,12 +143,16 @@ def main(argv=None) -> int:
     train_config = os.path.join(args.runs, "train_config.json")
     cache = os.path.join(args.runs, "warmstart-cache")
     cfgs = {}
-    for name in gv["arms"]:
-        arm = arm_by_name(spec, name)
-        cfgs[name] = parse_args(["--config", train_config, "--warmstart-cache", cache,
-                                 "--estimator", arm["estimator"],
-                                 *flags_to_argv(arm.get("flags", {}))])
-        validate(cfgs[name])
+    base_reward = parse_args(["--config", train_config]).reward
+    rewards = list(dict.fromkeys([base_reward, *gv.get("extra_rewards", [])]))
+    for reward in rewards:  # the same batches scored both ways: e.g. "binary" besides "fraction"
+        for name in gv["arms"]:
+            arm = arm_by_name(spec, name)
+            key = name if reward == base_reward else f"{name} [{reward} reward]"
+            cfgs[key] = parse_args(["--config", train_config, "--warmstart-cache", cache,
+                                    "--estimator", arm["estimator"],
+                                    *flags_to_argv(arm.get("flags", {})), "--reward", reward])
+            validate(cfgs[key])
     first = next(iter(cfgs.values()))
     n = int(gv.get("n", first.n))
     batch_size = int(gv.get("batch_size", first.batch_size))
@@ -165,8 +174,15 @@ def main(argv=None) -> int:
     grads = collect_gradients(model, tokenizer, task, cfgs, repeats=int(gv.get("repeats", 32)),
                               batch_size=batch_size, n=n, seed=int(gv.get("seed", 0)))
     names = list(gv["arms"])
-    out = compare_variance(grads, names[-1], names[0], n_boot=int(gv.get("n_boot", 2000)))
-    out.update(repeats=int(gv.get("repeats", 32)), batch_size=batch_size, n=n,
+    n_boot = int(gv.get("n_boot", 2000))
+    out = compare_variance({k: grads[k] for k in names}, names[-1], names[0], n_boot=n_boot)
+    out["by_reward"] = {base_reward: {"ratio": out["ratio"], "cosine": out["cosine"]}}
+    for reward in rewards[1:]:
+        keys = [f"{name} [{reward} reward]" for name in names]
+        extra = compare_variance({k: grads[k] for k in keys}, keys[-1], keys[0], n_boot=n_boot)
+        out["arms"].update(extra["arms"])
+        out["by_reward"][reward] = {"ratio": extra["ratio"], "cosine": extra["cosine"]}
+    out.update(spec=gv, repeats=int(gv.get("repeats", 32)), batch_size=batch_size, n=n,
                reward=first.reward, seconds=time.time() - t0)
     os.makedirs(os.path.join(args.runs, "gradvar"), exist_ok=True)
     ckpt.atomic_write_json(out, os.path.join(args.runs, "gradvar", "gradvar.json"))

@@ -394,15 +394,23 @@ def markdown(res: dict, spec: dict, *, wall_seconds: float | None = None) -> str
                  "a measurement.")
     g = c4.get("gradvar")
     if g:
+        lines.append(f"   * gradient of the loss at the warm start, {g['repeats']} repeated batches "
+                     f"of {g['batch_size']} prompts × {g['n']} (the same batches for every "
+                     f"estimator; {g.get('reward', 'the config')} reward unless named):")
         for name, v in g["arms"].items():
-            lines.append(f"   * gradient at the warm start, {g['repeats']} repeated batches of "
-                         f"{g['batch_size']} prompts × {g['n']}: {name}: total variance "
-                         f"{v['trace_cov']:.4g}, squared norm of the mean {v['mean_sq_norm']:.4g}, "
-                         f"relative variance {v['rel_var']:.3g}")
+            lines.append(f"     * {name}: total variance {v['trace_cov']:.4g}, squared norm of the "
+                         f"mean {v['mean_sq_norm']:.4g}, relative variance {v['rel_var']:.3g}")
         r = g["ratio"]
         lines.append(f"   * relative variance ratio {r['num']} / {r['den']} = {r['value']:.3f} "
                      f"[{r['lo']:.3f}, {r['hi']:.3f}] (bootstrap over repeats); cosine of the two "
                      f"mean gradients {g['cosine']:.3f}; lower variance: {c4.get('lower_variance')}")
+        for reward, v in g.get("by_reward", {}).items():
+            if v["ratio"] == r:
+                continue
+            q = v["ratio"]
+            lines.append(f"   * the same batches with the {reward} reward: ratio {q['value']:.3f} "
+                         f"[{q['lo']:.3f}, {q['hi']:.3f}]; cosine of the mean gradients "
+                         f"{v['cosine']:.3f}")
     for m, v in c4.get("final", {}).items():
         lines.append(f"   * final {m}, harmonic − maxrl: {_ci(v)}")
     if res["missing"]:
