@@ -153,7 +153,7 @@ def test_report_only_command(runs, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["claims"]["1"]["met"] is True
     for name in ("pass_max_at_k.png", "curves_vs_samples.png", "curves_offpolicy.png",
-                 "diff_vs_grpo.png"):
+                 "diff_vs_grpo.png", "pass_at_k_by_arm.png", "max_at_k_by_arm.png"):
         assert os.path.getsize(out / name) > 1000
 
 

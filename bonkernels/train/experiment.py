@@ -269,6 +269,9 @@ def run_experiment(args, spec: dict, argv_seeds: bool = False) -> int:
     ckpt.atomic_write_bytes(os.path.join(args.out, "results.md"), text.encode())
     experiment_plots.plot_at_k(data, names, os.path.join(args.out, "pass_max_at_k.png"))
     experiment_plots.plot_curves(res, os.path.join(args.out, "curves_vs_samples.png"))
+    for kind in ("pass", "max"):
+        experiment_plots.plot_per_arm(data, names, os.path.join(args.out, f"{kind}_at_k_by_arm.png"),
+                                      kind)
     an = spec.get("analysis", {})
     if an.get("offpolicy_reuse"):
         experiment_plots.plot_curves(res, os.path.join(args.out, "curves_offpolicy.png"),

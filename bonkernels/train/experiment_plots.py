@@ -118,3 +118,40 @@ def plot_diff_vs_reference(data: dict, arms, reference: str, path: str, *, n_boo
     fig.tight_layout(rect=(0, 0, 0.8, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_per_arm(data: dict, arms, path: str, kind: str = "pass") -> None:
+    """One panel per arm: pass@k (or max@k) for k = 1, 2, 4, ..., eval_n against sampled training
+    completions, mean ± sd over seeds; the same y-axis everywhere."""
+    plt = _plt()
+    arms = [a for a in arms if data["arms"].get(a)]
+    if not arms:
+        return
+    from .evaluate import eval_ks
+
+    ks = eval_ks(data["eval_n"])
+    cols = min(4, len(arms))
+    rows = (len(arms) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False,
+                             sharex=True, sharey=True)
+    colors = _colors(len(ks))
+    for i, arm in enumerate(arms):
+        ax = axes[i // cols][i % cols]
+        cur = rep.curves(data, arm, [f"{kind}@{k}" for k in ks])
+        for k, color in zip(ks, colors):
+            c = cur[f"{kind}@{k}"]
+            x, m, s = np.array(c["samples"]), np.array(c["mean"]), np.array(c["sd"])
+            ax.plot(x, m, color=color, marker="o", ms=2.5, label=f"k={k}")
+            ax.fill_between(x, m - s, m + s, color=color, alpha=0.15)
+        ax.set_title(arm, fontsize=9)
+        ax.grid(alpha=0.3)
+    for j in range(len(arms), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("training completions sampled")
+    axes[0][0].set_ylabel(f"{kind}@k")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{kind}@k against sampled completions, per arm (mean ± sd over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
