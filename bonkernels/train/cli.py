@@ -14,7 +14,7 @@ from .tasks import TASKS
 # Flags that may differ when resuming (everything else must match the interrupted run).
 RESUME_OVERRIDABLE = {"steps", "device", "save_every", "eval_every", "progress", "threads",
                       "log_every", "plots", "export", "resume", "config", "sandbox_workers",
-                      "out", "sandbox_allow_unisolated"}
+                      "out", "sandbox_allow_unisolated", "eval_records", "initial_eval"}
 # Settings that name files: equal when they name the same file (a moved or relative run directory).
 PATH_SETTINGS = ("model", "init_from", "warmstart_cache")
 
@@ -122,6 +122,12 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     add("--eval-n", type=int, default=16, help="samples per eval prompt (k goes up to this)")
     add("--eval-problems", type=int, default=64, help="held-out prompts to evaluate on")
     add("--eval-batch-prompts", type=int, default=32)
+    add("--no-initial-eval", dest="initial_eval", action="store_false", default=True,
+        help="do not evaluate the starting policy at step 0 (when an experiment evaluates the "
+             "shared warm start once per evaluation seed instead)")
+    add("--eval-records", action="store_true", default=False,
+        help="also write every evaluation's per-prompt rewards to OUT/eval_rewards/step-N.json "
+             "(for paired comparisons over prompts)")
     add("--out", default="runs/default", help="output directory")
     add("--save-every", type=int, default=10, help="checkpoint every this many steps")
     add("--resume", action="store_true", default=False,

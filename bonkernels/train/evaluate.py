@@ -37,7 +37,9 @@ def metrics_from_rewards(rewards: torch.Tensor, ks) -> dict:
 
 
 def evaluate(model, tokenizer, task, problems, *, eval_n: int, device, dist, seed: int,
-             prompts_per_batch: int = 32) -> dict:
+             prompts_per_batch: int = 32, return_rewards: bool = False):
+    """The metrics dict; with return_rewards, (metrics, rewards) where rewards is the [G, eval_n]
+    float64 table of per-completion rewards in the order of ``problems`` (the same on every rank)."""
     mine = dist.shard(list(enumerate(problems)))
     rows = []
     devices = [device] if torch.device(device).type == "cuda" else []
@@ -54,4 +56,14 @@ def evaluate(model, tokenizer, task, problems, *, eval_n: int, device, dist, see
                 rows.append((index, rewards[j * eval_n:(j + 1) * eval_n]))
     gathered = sorted(r for part in dist.all_gather_objects(rows) for r in part)
     table = torch.tensor([r for _, r in gathered], dtype=torch.float64)
-    return metrics_from_rewards(table, eval_ks(eval_n))
+    metrics = metrics_from_rewards(table, eval_ks(eval_n))
+    return (metrics, table) if return_rewards else metrics
+
+
+def write_eval_rewards(path: str, *, step: int, samples: int, problems, rewards: torch.Tensor) -> None:
+    """One evaluation's per-prompt rewards as JSON (for paired tests over prompts):
+    {"step", "samples", "keys": [problem key per row], "rewards": [[eval_n rewards] per prompt]}."""
+    from . import checkpoint as ckpt
+
+    ckpt.atomic_write_json({"step": step, "samples": samples, "keys": [p.key for p in problems],
+                            "rewards": rewards.tolist()}, path)

@@ -8,6 +8,24 @@ Each run is ``python -m bonkernels.train`` in its own process (``--threads 1``, 
 time), logging to RUNS/<name>/log.txt; finished runs are skipped and interrupted ones resumed, so
 the command can simply be started again. The warm start is computed once (a first run with
 ``--steps 0``, which also evaluates the base policy) and cached for the others.
+
+A config with a "train" section is a full experiment (experiments/passk2/config.json):
+
+    {"train": {driver settings, as for --config of python -m bonkernels.train},
+     "seeds": [0, 1, ...],
+     "arms": [{"name": "maxk_loo1 k=4", "estimator": "maxk_loo1", "flags": {"k": 4}}, ...],
+     "analysis": {"grpo": NAME, "maxk_family": [NAMES], "anneal": NAME, "maxrl": NAME,
+                  "harmonic": NAME, "offpolicy_one_epoch": NAME, "offpolicy_reuse": [NAMES],
+                  "gradvar": {"arms": [MAXRL, HARMONIC], "repeats": R}}}
+
+    python -m bonkernels.train.experiment --config experiments/passk2/config.json \
+        --out experiments/passk2 --runs runs/passk2 --jobs 2
+
+Every run writes its evaluations' per-prompt rewards (--eval-records); the shared warm start is
+evaluated once per seed (with that seed's evaluation sampling seed) instead of at step 0 of every
+run; the gradient-variance measurement (experiment_gradvar) is one more job. Then
+experiment_report compares the arms with paired tests over prompts and seeds and states each
+claim; experiment_plots draws pass@k / max@k against k and against sampled completions.
 """
 
 from __future__ import annotations
@@ -33,12 +51,12 @@ def parse_arm(text: str) -> tuple[str, str, list[str]]:
     return label, estimator, flags
 
 
-def _launch(args: list[str], log_path: str):
+def _launch(args: list[str], log_path: str, module: str = "bonkernels.train"):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
     log = open(log_path, "a")
-    return subprocess.Popen([sys.executable, "-m", "bonkernels.train", *args], stdout=log,
+    return subprocess.Popen([sys.executable, "-m", module, *args], stdout=log,
                             stderr=subprocess.STDOUT, env=env), log
 
 
@@ -62,10 +80,18 @@ def main(argv=None) -> int:
                    help="estimator[:flag=value,...] per arm")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--only", nargs="+", default=None,
+                   help="full experiment: run only these arms (by name); the report covers them")
+    p.add_argument("--report-only", action="store_true",
+                   help="full experiment: rebuild the report from the runs, start nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="full experiment: print the commands, start nothing")
     args = p.parse_args(argv)
 
     with open(args.config) as f:
         settings = json.load(f)
+    if "train" in settings:
+        return run_experiment(args, settings, argv_seeds="--seeds" in (argv or sys.argv[1:]))
     steps = int(settings["steps"])
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.runs, exist_ok=True)
@@ -122,6 +148,139 @@ def main(argv=None) -> int:
     plot_curves(args.runs, args.arms, args.seeds, os.path.join(args.out, "training_curves.png"))
     print(table)
     return 0
+
+
+def _schedule(jobs: list, max_jobs: int, start: float) -> list:
+    """Run (name, argv, log path, module, after) jobs, at most max_jobs at a time; a job waits until
+    the jobs named in ``after`` are done. Returns the names of the jobs that failed."""
+    queue, running, failed = list(jobs), [], []
+    done = {after for job in jobs for after in job[4]} - {job[0] for job in jobs}  # finished before
+    while queue or running:
+        ready = [job for job in queue if set(job[4]) <= done | set(failed)]
+        while ready and len(running) < max_jobs:
+            job = ready.pop(0)
+            queue.remove(job)
+            name, run_args, log_path, module, after = job
+            if set(after) & set(failed):
+                failed.append(name)
+                print(f"[{time.time() - start:5.0f} s] SKIPPED {name} (needs {after})", flush=True)
+                continue
+            proc, log = _launch(run_args, log_path, module=module)
+            running.append((name, proc, log))
+            print(f"[{time.time() - start:5.0f} s] started {name}", flush=True)
+        if not running and queue and not ready:
+            raise RuntimeError(f"jobs wait for jobs that never run: {[j[0] for j in queue]}")
+        time.sleep(0.5)
+        for item in list(running):
+            name, proc, log = item
+            if proc.poll() is not None:
+                log.close()
+                running.remove(item)
+                ok = proc.returncode == 0
+                (done.add(name) if ok else failed.append(name))
+                status = "done" if ok else f"FAILED ({proc.returncode})"
+                print(f"[{time.time() - start:5.0f} s] {status} {name}", flush=True)
+    return failed
+
+
+def _gradvar_done(path: str, gv: dict) -> bool:
+    """A gradient-variance result of these settings (arms, repeats, rewards, ...) exists."""
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        done = json.load(f)
+    return done.get("spec") == gv
+
+
+def run_experiment(args, spec: dict, argv_seeds: bool = False) -> int:
+    """The full experiment of a config with "train", "seeds", "arms" and "analysis" sections."""
+    from . import experiment_plots, experiment_report as rep
+
+    train = dict(spec["train"])
+    steps = int(train["steps"])
+    seeds = list(args.seeds) if argv_seeds else list(spec.get("seeds", args.seeds))
+    arms = [a for a in spec["arms"] if args.only is None or a["name"] in args.only]
+    if args.only:
+        unknown = set(args.only) - {a["name"] for a in spec["arms"]}
+        if unknown:
+            raise SystemExit(f"--only: no arms named {sorted(unknown)}")
+    slugs = [rep.slug(a["name"]) for a in spec["arms"]]
+    if len(set(slugs)) != len(slugs):
+        raise SystemExit(f"two arms have the same directory name: {slugs}")
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.runs, exist_ok=True)
+    train_config = os.path.join(args.runs, "train_config.json")
+    ckpt.atomic_write_json({**train, "eval_records": True}, train_config)
+    cache = os.path.join(args.runs, "warmstart-cache")
+    common = ["--config", train_config, "--warmstart-cache", cache, "--threads", "1",
+              "--progress", "off", "--no-export", "--no-plots"]
+    start = time.time()
+    jobs = []
+    first_warm = f"warmstart-s{seeds[0]}"
+    for seed in seeds:  # the warm start evaluated with each seed's evaluation seed
+        name = f"warmstart-s{seed}"
+        run_dir = os.path.join(args.runs, name)
+        if _finished(run_dir, 0):
+            continue
+        jobs.append((name, [*common, "--steps", "0", "--eval-every", "1", "--seed", str(seed),
+                            "--out", run_dir], os.path.join(run_dir, "log.txt"), "bonkernels.train",
+                     [] if name == first_warm else [first_warm]))
+    gv = spec.get("analysis", {}).get("gradvar")
+    gv_path = os.path.join(args.runs, "gradvar", "gradvar.json")
+    if gv and not _gradvar_done(gv_path, gv) and (args.only is None or set(gv["arms"]) <= set(args.only)):
+        jobs.append(("gradvar", ["--config", args.config, "--runs", args.runs],
+                     os.path.join(args.runs, "gradvar", "log.txt"),
+                     "bonkernels.train.experiment_gradvar", [first_warm]))
+    # the most expensive runs (most optimiser passes per batch) first: a shorter tail at the end
+    for arm in sorted(arms, key=lambda a: -int(a.get("flags", {}).get("ppo_epochs", 1))):
+        for seed in seeds:
+            name = rep.run_name(arm["name"], seed)
+            run_dir = os.path.join(args.runs, name)
+            if _finished(run_dir, steps):
+                continue
+            resume = ["--resume"] if os.path.exists(os.path.join(run_dir, "checkpoint.pt")) else []
+            jobs.append((name, [*common, "--no-initial-eval", "--estimator", arm["estimator"],
+                                "--seed", str(seed), "--out", run_dir,
+                                *rep.flags_to_argv(arm.get("flags", {})), *resume],
+                         os.path.join(run_dir, "log.txt"), "bonkernels.train", [first_warm]))
+    if args.dry_run:
+        for name, run_args, _, module, after in jobs:
+            print(f"{name}: python -m {module} {' '.join(run_args)}"
+                  + (f"   (after {', '.join(after)})" if after else ""))
+        return 0
+    failed = []
+    if not args.report_only:
+        for job in jobs:
+            os.makedirs(os.path.dirname(job[2]), exist_ok=True)
+        failed = _schedule(jobs, args.jobs, start)
+    wall = time.time() - start
+    names = [a["name"] for a in arms]
+    data = rep.collect(args.runs, names, seeds, steps)
+    gradvar = None
+    if os.path.exists(gv_path):
+        with open(gv_path) as f:
+            gradvar = json.load(f)
+    res = rep.analyse(data, spec, gradvar, n_boot=int(spec.get("analysis", {}).get("n_boot", 2000)))
+    res["wall_seconds_this_invocation"] = wall
+    res["failed"] = failed
+    res["config"] = spec
+    ckpt.atomic_write_json(res, os.path.join(args.out, "results.json"))
+    text = rep.markdown(res, spec, wall_seconds=None if args.report_only else wall)
+    ckpt.atomic_write_bytes(os.path.join(args.out, "results.md"), text.encode())
+    experiment_plots.plot_at_k(data, names, os.path.join(args.out, "pass_max_at_k.png"))
+    experiment_plots.plot_curves(res, os.path.join(args.out, "curves_vs_samples.png"))
+    for kind in ("pass", "max"):
+        experiment_plots.plot_per_arm(data, names, os.path.join(args.out, f"{kind}_at_k_by_arm.png"),
+                                      kind)
+    an = spec.get("analysis", {})
+    if an.get("offpolicy_reuse"):
+        experiment_plots.plot_curves(res, os.path.join(args.out, "curves_offpolicy.png"),
+                                     arms=[an.get("offpolicy_one_epoch"), *an["offpolicy_reuse"]])
+    if an.get("grpo"):
+        experiment_plots.plot_diff_vs_reference(data, names, an["grpo"],
+                                                os.path.join(args.out, "diff_vs_grpo.png"))
+    print(text)
+    return 1 if failed else 0
 
 
 def _read_json(path):

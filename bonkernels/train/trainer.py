@@ -17,7 +17,7 @@ import torch
 from .. import estimators
 from . import checkpoint as ckpt
 from .distributed import Dist
-from .evaluate import evaluate
+from .evaluate import evaluate, write_eval_rewards
 from .models import count_parameters, export_model, load_model
 from .rollout import sample, token_logprobs
 from .scoring import safe_rewards
@@ -25,6 +25,7 @@ from .tasks import make_task
 from .warmstart import supervised_warm_start, warm_start_key
 
 METRICS_FILE = "metrics.jsonl"
+EVAL_RECORDS_DIR = "eval_rewards"  # OUT/eval_rewards/step-000020.json with --eval-records
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 
@@ -64,6 +65,12 @@ def k_weights_at(step: int, cfg):
         return None
     frac = 0.0 if cfg.steps <= 1 else (step - 1) / (cfg.steps - 1)
     return normalize_k_weights(anneal_k_weights(cfg.k, cfg.k_final, frac))   # trailing zeros cut
+
+
+def samples_after(step: int, cfg) -> int:
+    """Completions sampled for training up to and including ``step`` (all ranks together): the
+    x-axis on which arms with different numbers of optimiser passes per batch compare."""
+    return step * cfg.batch_size * cfg.n
 
 
 def weighting_for(cfg) -> str:
@@ -241,6 +248,7 @@ def train_step(step, cfg, model, tokenizer, task, opt, sched, dist, ref_model, l
     fr = torch.tensor(fractions, dtype=torch.float64)
     record = {
         "kind": "train", "step": step, "k": k, "lr": sched.get_last_lr()[0],
+        "samples": samples_after(step, cfg),
         **({} if k_weights is None else {"k_weights": list(k_weights)}),
         "reward_mean": dist.mean(float(fr.mean())),
         "solved_frac": dist.mean(float((fr >= 1.0).double().mean())),
@@ -346,10 +354,16 @@ def run(cfg) -> dict:
 
     def run_eval(step):
         t0 = time.time()
-        res = evaluate(model, tokenizer, task, eval_problems, eval_n=cfg.eval_n,
-                       device=dist.device, dist=dist, seed=eval_seed(step),
-                       prompts_per_batch=cfg.eval_batch_prompts)
-        res.update(kind="eval", step=step, seconds=time.time() - t0)
+        res, table = evaluate(model, tokenizer, task, eval_problems, eval_n=cfg.eval_n,
+                              device=dist.device, dist=dist, seed=eval_seed(step),
+                              prompts_per_batch=cfg.eval_batch_prompts, return_rewards=True)
+        res.update(kind="eval", step=step, samples=samples_after(step, cfg),
+                   seconds=time.time() - t0)
+        if getattr(cfg, "eval_records", False) and dist.is_main:
+            os.makedirs(os.path.join(cfg.out, EVAL_RECORDS_DIR), exist_ok=True)
+            write_eval_rewards(os.path.join(cfg.out, EVAL_RECORDS_DIR, f"step-{step:06d}.json"),
+                               step=step, samples=samples_after(step, cfg),
+                               problems=eval_problems, rewards=table)
         return res
 
     if resume_state is not None:
@@ -376,7 +390,7 @@ def run(cfg) -> dict:
         log(f"model {cfg.model}: {count_parameters(model):,} parameters; task {cfg.task}; "
             f"estimator {cfg.estimator} ({weighting_for(cfg)} weighting), n={cfg.n}, "
             f"ppo epochs {cfg.ppo_epochs}, {dist.world} process(es) on {dist.device}")
-        if cfg.eval_every > 0:
+        if cfg.eval_every > 0 and getattr(cfg, "initial_eval", True):
             metrics.write(run_eval(0))
 
     loss_fn = _policy_loss()
