@@ -271,10 +271,17 @@ def zscore(sg: SortedGroups, v: torch.Tensor, eps: float, constant_rtol: float =
     group's first element (spec 3.3, 13.1); 0 for singletons and when std <= constant_rtol * scale,
     scale = max|v| (the constant-group guard of bon_mean). Same names in group_math.h
     (zscore_emit) and the Triton kernel (branches BON_MEAN, GRPO)."""
-    std = sg.sample_std(v)
-    scale = sg.masked(v.abs()).max(1, keepdim=True).values
+    # First divide by a power of two near the group's largest |v| (exact), so residues and their
+    # squares cannot overflow at the edge of the float range (values like +-1.7e308); away from
+    # that edge every step is the unscaled formula times the same power of two, bit for bit.
+    largest = sg.masked(v.abs()).max(1, keepdim=True).values
+    exponent = torch.frexp(largest).exponent
+    factor = torch.where(largest > 0, torch.ldexp(torch.ones_like(largest), exponent - 1), torch.ones_like(largest))
+    u = v / factor
+    std = sg.sample_std(u)
+    scale = largest / factor
     constant = (sg.n < 2) | (std <= constant_rtol * scale)
-    return torch.where(constant, torch.zeros_like(v), (v - sg.mean(v)) / (std + eps))
+    return torch.where(constant, torch.zeros_like(v), (u - sg.mean(u)) / (std + eps / factor))
 
 
 def chen_passk(sg: SortedGroups, k: torch.Tensor, d, eps: float) -> torch.Tensor:

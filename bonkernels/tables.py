@@ -59,8 +59,23 @@ _SMALL_GROUP_NAMES = {0: "error", 1: "zero", 2: "clamp"}
 def normalize_k_weights(k_weights) -> Tuple[float, ...]:
     """Validate a weighting over k = 1..T and return it as a tuple of floats, trailing zeros cut.
 
-    Accepts a 1-D sequence or tensor of finite numbers >= 0, not all zero.
+    Accepts a 1-D sequence or tensor of finite numbers >= 0, not all zero. A tensor on a GPU costs
+    a host sync; a tuple of Python numbers (as ``maxrl_weights`` returns) is checked once and then
+    found in a small cache, so a training loop's repeated calls skip the per-element checks.
     """
+    plain = type(k_weights) is tuple and all(type(v) in (int, float) for v in k_weights)
+    if plain and k_weights in _NORMALIZED:
+        return _NORMALIZED[k_weights]
+    result = _normalize(k_weights)
+    if plain and len(_NORMALIZED) < _CACHE_SIZE:
+        _NORMALIZED[k_weights] = result
+    return result
+
+
+_NORMALIZED = {}
+
+
+def _normalize(k_weights) -> Tuple[float, ...]:
     if isinstance(k_weights, torch.Tensor):
         if k_weights.dim() != 1:
             raise ValueError(f"k_weights must be 1-D (weights for k = 1..T), got shape {tuple(k_weights.shape)}")

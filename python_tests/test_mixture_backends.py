@@ -80,8 +80,11 @@ def test_cpu_kernel_maxrl():
 
 @needs_native
 def test_auto_uses_the_cpu_kernel_for_mixtures():
-    from bonkernels import ops
-    assert ops.accepts_bank(_native.advantages_packed)
+    from bonkernels import backends, estimators
+    for name in estimators.REGISTRY:
+        est = estimators.get(name)
+        if est.linear_in_tables and "cpu" in est.backends:
+            assert backends.select("auto", torch.zeros(4), est, 4) is _native.advantages_packed, name
 
 
 _INTERPRETER_SCRIPT = textwrap.dedent("""
