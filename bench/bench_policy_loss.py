@@ -12,7 +12,7 @@ Implementations:
 * ``plain``: the loss as trainers write it (TRL / verl style): ratio, clipped surrogate, masked
   token mean, autograd through every op.
 * ``bk-torch``: bk.policy_loss(backend="torch"), the library's plain PyTorch reference.
-* ``bk-fused``: bk.policy_loss(backend="auto"): the fused CPU path on CPU, Triton on CUDA.
+* ``bk-fused``: bk.policy_loss(backend="auto"): the chunked fused path on CPU, Triton on CUDA.
 All three compute the same maxk_loo1 advantages (k = 4, groups of 16) with bonkernels.advantages.
 """
 

@@ -82,11 +82,13 @@ def weight_tables(n: torch.Tensor, k: torch.Tensor, width: int):
 class SortedGroups:
     """The packed groups as a sorted, padded float64 matrix, with what is needed to go back."""
 
-    def __init__(self, values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor] = None):
+    def __init__(self, values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor] = None,
+                 exact_width: Optional[int] = None):
         self.sizes = offsets[1:] - offsets[:-1]
         G = self.sizes.numel()
-        # The widest group, found here (one host sync) rather than trusted from a caller's hint.
-        width = max(int(self.sizes.max()) if G else 0, 1)
+        # The widest group, found here (one host sync) rather than trusted from a caller's hint;
+        # exact_width is for callers whose layout fixes every size (groups of one given size).
+        width = max(exact_width if exact_width is not None else (int(self.sizes.max()) if G else 0), 1)
         self.width = width
         cols = torch.arange(width, device=values.device)
         self.valid = cols[None, :] < self.sizes[:, None]
@@ -489,12 +491,14 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
 # ----------------------------------------------------------------------------- metrics and objective
 
 def max_at_k_packed(values: torch.Tensor, offsets: torch.Tensor, k: int, small_groups: int = 0,
-                    bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None,
+                    exact_width: Optional[int] = None) -> torch.Tensor:
     """Unbiased max@k per group (spec 1.2), float64 [G]; 0 for empty or zeroed groups.
 
     With a bank (built for "maxk"): the mixed metric sum_k w_k max@k = sum_j D_j x_j (spec 12).
+    ``exact_width``: every group has this size (no host sync to find it).
     """
-    sg = SortedGroups(values, offsets)
+    sg = SortedGroups(values, offsets, exact_width=exact_width)
     if bank is not None:
         return (BankTables(sg, bank, bank_index).D * sg.x).sum(1)
     kk, zero = effective_k(sg.sizes, k, estimators.get("maxk"), small_groups)

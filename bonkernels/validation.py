@@ -120,7 +120,7 @@ def check_max_group_size(max_group_size) -> Optional[int]:
 
 def check_choice(name: str, value, choices) -> None:
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
+        raise ValueError(f"unknown {name} {value!r}: {name} must be one of {', '.join(choices)}")
 
 
 def check_deltas_argument(deltas, rewards: torch.Tensor, est: estimators.Estimator) -> None:

@@ -13,7 +13,7 @@ import torch
 import bonkernels as bk
 from bonkernels.loss import policy_loss
 
-BACKENDS = ["torch", "cpu"]
+BACKENDS = ["torch", "chunked"]
 
 
 def _batch(B, T, dtype=torch.float64, seed=0, spread=0.3, empty_rows=(), binary=False):
@@ -200,8 +200,8 @@ def test_low_precision_fused_matches_reference(dtype):
         assert loss.dtype == dtype and x.grad.dtype == dtype
         out[backend] = (loss.float(), x.grad.float())
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(out["cpu"][0], out["torch"][0], rtol=tol, atol=tol)
-    torch.testing.assert_close(out["cpu"][1], out["torch"][1], rtol=tol, atol=tol * 1e-2)
+    torch.testing.assert_close(out["chunked"][0], out["torch"][0], rtol=tol, atol=tol)
+    torch.testing.assert_close(out["chunked"][1], out["torch"][1], rtol=tol, atol=tol * 1e-2)
 
 
 def test_large_log_ratio_is_finite():
@@ -218,8 +218,8 @@ def test_large_log_ratio_is_finite():
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
         out[backend] = (loss.detach(), x.grad)
-    torch.testing.assert_close(out["cpu"][0], out["torch"][0], rtol=1e-12, atol=0)
-    torch.testing.assert_close(out["cpu"][1], out["torch"][1], rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(out["chunked"][0], out["torch"][0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(out["chunked"][1], out["torch"][1], rtol=1e-12, atol=1e-15)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -339,3 +339,14 @@ def test_objective_stat_skips_empty_groups_and_lowers_k():
             subsets = [max(c) for c in __import__("itertools").combinations(g, kk)]
             per_group.append(sum(subsets) / len(subsets))
     assert stats["objective"].item() == pytest.approx(sum(per_group) / len(per_group), rel=1e-12)
+
+
+def test_old_cpu_backend_name_is_the_chunked_backend_with_a_warning():
+    gen = torch.Generator().manual_seed(3)
+    logp = -torch.rand(8, 5, generator=gen, dtype=torch.float64)
+    old = logp - 0.01
+    rewards = torch.rand(8, generator=gen, dtype=torch.float64)
+    want, _ = policy_loss(logp, old, rewards, 2, group_size=4, backend="chunked")
+    with pytest.warns(DeprecationWarning, match="'chunked'"):
+        got, _ = policy_loss(logp, old, rewards, 2, group_size=4, backend="cpu")
+    assert torch.equal(got, want)

@@ -6,7 +6,7 @@ weight), writes the gradient w.r.t. ``logp`` once, and writes its partial sums o
 the statistics; the host adds the partials (deterministic, no atomics). The backward pass only
 scales the stored gradient when the caller's ``grad_output`` is not 1.
 
-The per-token math is the one in ``bonkernels/loss.py`` (``reference_loss`` / ``token_terms``).
+The per-token math is the one in ``bonkernels/loss_math.py`` (``reference_loss`` / ``token_terms``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import struct
 
 import torch
 
-from ..loss import SavedGradientLoss
+from ..loss_math import LOG_RATIO_LIMIT, STAT_SUMS, SavedGradientLoss
 from ._config import device_guard
 
 try:
@@ -26,8 +26,7 @@ except ImportError:  # pragma: no cover - triton is optional
     triton = None
     tl = None
 
-LOG_RATIO_LIMIT = 20.0
-_NUM_PARTIALS = 4  # loss, clipped tokens, k1(old, new), k3(ref)
+_NUM_PARTIALS = 1 + len(STAT_SUMS)  # the loss, then the statistic sums
 
 
 def float64_bits(x: float) -> int:

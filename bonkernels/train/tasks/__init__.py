@@ -12,15 +12,7 @@ A task provides
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-
-@dataclass(frozen=True)
-class Problem:
-    key: str
-    prompt: str
-    solution: str | None = None  # a reference completion, for the supervised warm start
-    data: dict = field(default_factory=dict, compare=False, hash=False)
+from .problem import Problem, truncate_at_stop  # noqa: F401  (the tasks' shared types)
 
 
 TASKS = ("synth", "humaneval")
@@ -40,13 +32,3 @@ def make_task(name: str, *, seed: int = 1234, sandbox_timeout: float = 5.0, work
 
         return HumanEvalTask(timeout=sandbox_timeout, workers=workers)
     raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
-
-
-def truncate_at_stop(text: str, stop_texts) -> str:
-    """Cut text at the first occurrence of any stop text."""
-    cut = len(text)
-    for stop in stop_texts:
-        pos = text.find(stop)
-        if pos != -1:
-            cut = min(cut, pos)
-    return text[:cut]

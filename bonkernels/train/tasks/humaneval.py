@@ -29,7 +29,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from ..sandbox import HiddenTests, run_sandboxed
-from . import Problem, truncate_at_stop
+from .problem import Problem, truncate_at_stop
 
 
 class _CountAssertions(ast.NodeTransformer):

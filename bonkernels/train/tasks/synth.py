@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from .. import minilang
-from . import Problem
+from .problem import Problem
 
 # (operator, smallest digit, largest digit): no identities (+0, *1, /1, %1) and no division by 0
 _INSTRUCTIONS = (("+", 1, 9), ("-", 1, 9), ("*", 2, 9), ("/", 2, 9), ("%", 2, 9))

@@ -1,0 +1,133 @@
+"""With ``check_inputs=False`` and a size hint, ``bk.advantages`` and ``bk.policy_loss`` (forward and
+backward) run no operation that would synchronise a GPU with the host, so they can be captured in
+a CUDA graph. Checked on the CPU by recording every aten op the calls dispatch (a GPU check with
+``torch.cuda.set_sync_debug_mode("error")`` lives in bench/gpu_check.py).
+
+An op "syncs" when its output size or a Python value depends on tensor data: reading a scalar
+(``_local_scalar_dense``: ``.item()``, ``int()``, ``bool()``), ``nonzero`` and boolean-mask
+indexing, ``unique``, ``repeat_interleave`` without an output size.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import bonkernels as bk
+from bonkernels import _native
+
+SYNCING = ("aten._local_scalar_dense", "aten.nonzero", "aten.is_nonzero", "aten.item", "aten.unique",
+           "aten._unique", "aten.masked_select", "aten.repeat_interleave", "aten.index.Tensor_bool",
+           "aten.equal", "aten.allclose")
+
+
+class OpRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+        if name == "aten.index" and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool
+                                        for a in _flat(args)):
+            name = "aten.index.Tensor_bool"
+        self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+    def syncs(self):
+        return [op for op in self.ops if op.startswith(SYNCING)]
+
+
+def _flat(items):
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flat(item)
+        else:
+            yield item
+
+
+def _record(fn):
+    fn()                                  # warm caches (weight tables, banks) outside the recording
+    with OpRecorder() as rec:
+        fn()
+    return rec
+
+
+def test_the_recorder_sees_syncs():
+    with OpRecorder() as rec:
+        t = torch.rand(5)
+        bool((t > 2).any())
+        t[t > 0.5]
+    assert rec.syncs(), rec.ops
+
+
+# The kernels' backends (here the C++ one; cuda and triton in the GPU check). The reference
+# (backend="torch") is the specification in plain PyTorch and finds its padded width on the host.
+BACKENDS = ["auto", "cpu"]
+needs_native = pytest.mark.skipif(not _native.available(), reason="native extension not built")
+
+
+@needs_native
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("estimator", ["maxk_loo1", "grpo", "maxk_offpolicy", "maxrl"])
+def test_advantages_full_and_packed_layouts_are_sync_free(backend, estimator):
+    rewards = torch.rand(8, 6)
+    deltas = (torch.rand(8, 6) - 0.5) * 0.1 if estimator == "maxk_offpolicy" else None
+    k = 3 if estimator in ("maxk_loo1", "maxk_offpolicy") else None
+    common = dict(backend=backend, check_inputs=False, deltas=deltas)
+    rec = _record(lambda: bk.advantages(rewards, k, estimator, **common))
+    assert rec.syncs() == [], rec.ops
+    offsets = torch.tensor([0, 5, 5, 12, 20, 48])
+    packed_deltas = None if deltas is None else deltas.reshape(-1)
+    rec = _record(lambda: bk.advantages(rewards.reshape(-1), k, estimator, offsets=offsets, max_group_size=28,
+                                        small_groups="zero", backend=backend, check_inputs=False,
+                                        deltas=packed_deltas))
+    assert rec.syncs() == [], rec.ops
+    assert len(rec.ops) <= 12, rec.ops       # a few layout ops and one kernel call (the reference: more)
+
+
+@needs_native
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_advantages_mixture_is_sync_free_with_a_hint(backend):
+    rewards = torch.rand(8, 6)
+    w = bk.maxrl_weights(5)
+    rec = _record(lambda: bk.advantages(rewards, estimator="maxk_loo1", k_weights=w, backend=backend,
+                                        check_inputs=False))
+    assert rec.syncs() == [], rec.ops
+    offsets = torch.tensor([0, 5, 5, 12, 20, 48])
+    rec = _record(lambda: bk.advantages(rewards.reshape(-1), estimator="maxk_loo1", k_weights=w, offsets=offsets,
+                                        max_group_size=28, small_groups="clamp", backend=backend,
+                                        check_inputs=False))
+    assert rec.syncs() == [], rec.ops
+
+
+def test_checks_on_do_sync():
+    """The counter-check: with input checks the call reads values on the host."""
+    rec = _record(lambda: bk.advantages(torch.rand(8, 6), 3, "maxk_loo1"))
+    assert rec.syncs()
+
+
+@needs_native
+@pytest.mark.parametrize("backend", ["torch", "chunked"])
+@pytest.mark.parametrize("estimator,weighting", [("maxk_loo1", "ppo"), ("grpo", "ppo"),
+                                                  ("maxk_offpolicy", "direct")])
+def test_policy_loss_forward_and_backward_are_sync_free(backend, estimator, weighting):
+    B, T = 8, 7
+    gen = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(B, T, generator=gen)).requires_grad_(True)
+    old = logp.detach() - 0.05 * torch.rand(B, T, generator=gen)
+    ref = logp.detach() + 0.05 * torch.rand(B, T, generator=gen)
+    mask = torch.rand(B, T, generator=gen) > 0.2
+    rewards = torch.rand(B, generator=gen)
+
+    def step():
+        loss, stats = bk.policy_loss(logp, old, rewards, 2 if estimator != "grpo" else None, estimator,
+                                     mask=mask, group_size=4, ref_logp=ref, kl_coef=0.01, weighting=weighting,
+                                     clamp_delta=0.5 if weighting == "direct" else None, backend=backend,
+                                     check_inputs=False)
+        loss.backward()
+        return stats
+
+    rec = _record(step)
+    assert rec.syncs() == [], rec.ops
