@@ -25,7 +25,7 @@ import time
 import torch
 
 import bonkernels as bk
-from bonkernels import estimators, ops, tables
+from bonkernels import backends, estimators, tables
 
 from .timing import time_cpu
 
@@ -35,9 +35,8 @@ ESTIMATORS = ("maxk_loo1", "maxk")
 
 
 def _mixture_backend(backend: str, rewards: torch.Tensor, estimator: str) -> str:
-    impl = ops._select_single_k_backend(backend, rewards.reshape(-1), estimators.get(estimator),
-                                        rewards.shape[1])
-    return backend if ops.accepts_bank(impl) else "torch"
+    row = backends.select(backend, rewards.reshape(-1), estimators.get(estimator), rewards.shape[1])
+    return backend if row.takes_bank and backends.accepts_bank(row.impl) else "torch"
 
 
 def run_cell(G: int, n: int, estimator: str, backend: str, seed: int = 0) -> dict:
