@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import reference
+from . import estimators, reference, validation
 from .groups import make_layout
 
 
@@ -44,33 +44,19 @@ def maxk_objective(rewards: torch.Tensor, logratio: torch.Tensor, k: int, *,
         ``[G]`` in the dtype of ``logratio``; groups in layout order (ascending id for group_ids).
         The backward pass gives d J_g / d logratio_i = A_i (exact or first-order weights).
     """
-    if not isinstance(rewards, torch.Tensor) or not isinstance(logratio, torch.Tensor):
-        raise TypeError("rewards and logratio must be torch.Tensors")
-    if not rewards.is_floating_point():
-        raise TypeError(f"rewards must be a floating-point tensor, got dtype {rewards.dtype}")
-    if not logratio.is_floating_point():
-        raise TypeError(f"logratio must be a floating-point tensor, got dtype {logratio.dtype}")
+    validation.check_tensor("rewards", rewards)
+    validation.check_tensor("logratio", logratio)
     if logratio.shape != rewards.shape:
         raise ValueError(f"logratio must have the shape of rewards {tuple(rewards.shape)}, got "
                          f"{tuple(logratio.shape)}")
-    if logratio.device != rewards.device:
-        raise ValueError(f"logratio is on {logratio.device} but rewards are on {rewards.device}")
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be a Python int, got {type(k).__name__}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    validation.check_same_device("logratio", logratio, "rewards", rewards)
+    k = validation.check_k(k)
     layout = make_layout(rewards, offsets=offsets, lengths=lengths, group_ids=group_ids, check=True)
     values = layout.pack(rewards.detach()).to(torch.float64).contiguous()
-    if not bool(torch.isfinite(values).all()):
-        raise ValueError("rewards must be finite")
-    sizes = layout.offsets[1:] - layout.offsets[:-1]
-    small = (sizes < k).nonzero()
-    if small.numel():
-        g = int(small[0])
-        raise ValueError(f"max@k needs k <= n, but k = {k} and {layout.describe(g)} has n = {int(sizes[g])}")
+    validation.check_finite("rewards", values, layout)
+    validation.check_group_sizes(layout, k, estimators.get("maxk"), allow_empty=False)
     packed_lr = layout.pack(logratio)
-    if not bool(torch.isfinite(packed_lr.detach()).all()):
-        raise ValueError("logratio must be finite")
+    validation.check_finite("logratio", packed_lr.detach(), layout)
     J = _MaxkObjective.apply(packed_lr, values, layout.offsets, k, bool(exact))
     return J
 

@@ -42,7 +42,7 @@ def check_tensor(name: str, t, *, allow_integer: bool = False) -> None:
         return
     if allow_integer and (t.dtype == torch.bool or not t.is_floating_point()) and not t.is_complex():
         return
-    raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}"
+    raise TypeError(f"{name} must be float16, bfloat16, float32 or float64 (a floating-point dtype), got {t.dtype}"
                     + ("" if allow_integer else " (convert integer rewards with .float())"))
 
 
@@ -156,7 +156,7 @@ def first_group(mask: torch.Tensor, layout: GroupLayout) -> Optional[str]:
 def check_finite(name: str, values: torch.Tensor, layout: GroupLayout) -> None:
     where = first_group(~torch.isfinite(values), layout)
     if where:
-        raise ValueError(f"{name} contain NaN or inf in {where}")
+        raise ValueError(f"{name} contain NaN or inf in {where} ({name} must be finite)")
 
 
 def check_binary(values: torch.Tensor, layout: GroupLayout, name: str) -> None:
