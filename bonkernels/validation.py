@@ -212,3 +212,29 @@ def check_values(values: torch.Tensor, layout: GroupLayout, est: estimators.Esti
             g = int((sizes > max_group_size).nonzero()[0])
             raise ValueError(f"max_group_size={max_group_size} but {layout.describe(g)} has "
                              f"{int(sizes[g])} samples")
+
+
+# ----------------------------------------------------------------------------- trainer integrations
+
+def check_trainer_estimator(estimator, trainer: str, *, k=None, k_weights=None, scale=None, eps=None,
+                            k_hint: str = "pass k=...", check_k_given: bool = True) -> estimators.Estimator:
+    """The checks every trainer integration makes before its advantage step: an on-policy estimator
+    (the step has no current-policy log-probs), k or k_weights as the estimator needs (not both),
+    and a valid scale and eps (``check_k_given=False``: the k arguments are checked later). ``k``
+    may come from a config file or the environment, so integral strings are left to the caller's
+    int(); everything else goes through the same checks as ``bk.advantages``."""
+    est = estimators.get(estimator)
+    if est.needs_deltas:
+        raise ValueError(f"{est.name} needs the current policy's log-probs, which {trainer}'s advantage step "
+                         "does not have; use bonkernels.policy_loss in the policy loss instead")
+    if check_k_given and k is not None and k_weights is not None:
+        raise ValueError("give either k or k_weights, not both")
+    if check_k_given and k_weights is None and est.uses_k and k is None:
+        raise ValueError(f"{est.name} needs k (the pass@k / max@k target): {k_hint}")
+    if k is not None and not isinstance(k, str):
+        check_k(k)
+    if scale is not None:
+        check_scale(scale)
+    if eps is not None:
+        check_eps(eps)
+    return est

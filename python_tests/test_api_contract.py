@@ -280,3 +280,22 @@ def test_native_op_caps_a_large_k_itself():
     big = _native.advantages_packed(values, offsets, None, 2 ** 40, 0, None, -math.inf, math.inf, False, 2, 1e-6)
     ref = bk.advantages(values, 8, "maxk", offsets=offsets, small_groups="clamp", backend="torch", scale="sum")
     assert torch.allclose(big, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_trainer_integrations_share_the_checks():
+    from bonkernels import validation
+    check = validation.check_trainer_estimator
+    assert check("maxk_loo1", "X", k=4).name == "maxk_loo1"
+    assert check("grpo", "X").name == "grpo"                       # ignores k
+    with pytest.raises(ValueError, match="current policy"):
+        check("maxk_offpolicy", "X", k=4)
+    with pytest.raises(ValueError, match="needs k"):
+        check("maxk", "X")
+    with pytest.raises(ValueError, match="either k or k_weights"):
+        check("maxk", "X", k=2, k_weights=(1.0,))
+    with pytest.raises(TypeError, match="k must be a Python int"):
+        check("maxk", "X", k=True)
+    with pytest.raises(ValueError, match="scale"):
+        check("maxk", "X", k=2, scale="avg")
+    with pytest.raises(ValueError, match="eps"):
+        check("maxk", "X", k=2, eps=-1.0)
