@@ -299,3 +299,23 @@ def test_trainer_integrations_share_the_checks():
         check("maxk", "X", k=2, scale="avg")
     with pytest.raises(ValueError, match="eps"):
         check("maxk", "X", k=2, eps=-1.0)
+
+
+@needs_native
+def test_torch_compile_fullgraph_padded_and_mixture():
+    """The sync-free call traces without a graph break for the padded layout and a mixture too."""
+    r = torch.rand(3, 8, dtype=torch.float32)
+    lengths = torch.tensor([8, 2, 5])
+
+    def step(r, lengths):
+        a = bk.advantages(r, 2, "maxk_loo1", lengths=lengths, check_inputs=False, backend="cpu",
+                          small_groups="clamp")
+        m = bk.advantages(r, estimator="maxk", k_weights=(0.5, 0.5), lengths=lengths, check_inputs=False,
+                          backend="cpu", small_groups="clamp")
+        return a, m
+
+    bk.advantages(r, estimator="maxk", k_weights=(0.5, 0.5), lengths=lengths, check_inputs=False,
+                  backend="cpu", small_groups="clamp")           # the bank, built and cached eagerly
+    a, m = torch.compile(step, fullgraph=True, backend="aot_eager")(r, lengths)
+    want_a, want_m = step(r, lengths)
+    assert torch.equal(a, want_a) and torch.equal(m, want_m)
