@@ -319,3 +319,18 @@ def test_torch_compile_fullgraph_padded_and_mixture():
     a, m = torch.compile(step, fullgraph=True, backend="aot_eager")(r, lengths)
     want_a, want_m = step(r, lengths)
     assert torch.equal(a, want_a) and torch.equal(m, want_m)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_sync_free_on_gpu(backend):
+    """On a GPU, CUDA's own sync detector agrees: no synchronising call with check_inputs=False."""
+    if backend == "cuda" and not _native.cuda_available():
+        pytest.skip("native CUDA kernels not built")
+    check_sync_free(backend, "cuda")            # warms up, then records the ops
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _, x, kw in _sync_free_calls("cuda"):
+            bk.advantages(x, backend=backend, check_inputs=False, max_group_size=8, small_groups="clamp", **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
