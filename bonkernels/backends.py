@@ -170,8 +170,8 @@ def select(backend: str, values: torch.Tensor, est: estimators.Estimator, max_gr
     row = ROWS[backend]
     if not row.serves(est):
         where = " or ".join(f"'{b}'" for b in ("auto",) + tuple(b for b in NAMES if b in est.backends))
-        raise ValueError(f"{est.name} runs only on the {'torch reference' if est.backends == ('torch',) else ', '.join(est.backends)}"
-                         f" backend (backend={where}), not {backend!r}")
+        which = "torch reference" if est.backends == ("torch",) else ", ".join(est.backends)
+        raise ValueError(f"{est.name} runs only on the {which} backend (backend={where}), not {backend!r}")
     if not row.runs_on(values):
         if row.name == "triton":
             raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the kernels on "
