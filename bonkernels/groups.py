@@ -9,6 +9,10 @@ Layouts:
 * padded ``[G, n]`` + ``lengths [G]``: the first ``lengths[g]`` entries of row g are valid;
 * packed ``[N]`` + ``offsets [G+1]``;
 * ``[N]`` + ``group_ids [N]``: any integer ids, in any order; group g is the g-th smallest id.
+
+Building the packed form needs no host sync for the full, padded (with ``flat_padding=True``) and
+packed layouts. ``group_ids`` always syncs: the number of groups is the number of distinct ids, a
+data-dependent size (pass ``offsets`` for a sync-free call).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _require_same_device(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
 class GroupLayout:
     """How a user tensor maps to the packed (values, offsets) form."""
 
-    kind: str                         # "full", "padded", "packed" or "ids"
+    kind: str                         # "full", "padded", "padded_flat", "packed" or "ids"
     shape: torch.Size                 # the user tensor's shape
     offsets: torch.Tensor             # int64 [G+1]
     mask: Optional[torch.Tensor] = None       # padded: [G, n] bool, True where valid
@@ -56,6 +60,8 @@ class GroupLayout:
             return t[self.mask]
         if self.kind == "packed":
             return t.contiguous()
+        if self.kind == "padded_flat":
+            return t.reshape(-1)
         return t[self.perm]
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
@@ -68,6 +74,8 @@ class GroupLayout:
             return out
         if self.kind == "packed":
             return packed
+        if self.kind == "padded_flat":
+            return torch.where(self.mask, packed.reshape(self.shape), packed.new_zeros(()))
         out = torch.empty_like(packed)
         out[self.perm] = packed
         return out
@@ -78,6 +86,8 @@ class GroupLayout:
             return f"group {g} (group id {int(self.unique_ids[g])})"
         if self.kind in ("full", "padded"):
             return f"group {g} (row {g})"
+        if self.kind == "padded_flat":
+            return f"group {g} (row {g // 2}{', its padding' if g % 2 else ''})"
         return f"group {g}"
 
     def group_of(self, packed_index: int) -> int:
@@ -87,11 +97,16 @@ class GroupLayout:
 
 
 def make_layout(rewards: torch.Tensor, *, offsets=None, lengths=None, group_ids=None,
-                check: bool = True) -> GroupLayout:
+                check: bool = True, flat_padding: bool = False) -> GroupLayout:
     """Validate the layout arguments against ``rewards`` and build the :class:`GroupLayout`.
 
     Shape, dtype and device checks always run (they are free); checks of the values of
     offsets/lengths need the host and run only when ``check`` is true.
+
+    ``flat_padding`` (padded layout only): pack without a host sync. Row g's padding tail becomes a
+    group of its own (group 2g + 1 after the valid prefix, group 2g), so the packed values are the
+    whole ``[G * n]`` tensor; ``unpack`` writes 0 to the tails. Only for ops whose per-group results
+    are independent (advantages): the padding groups' values are computed and thrown away.
     """
     given = [name for name, v in (("offsets", offsets), ("lengths", lengths), ("group_ids", group_ids))
              if v is not None]
@@ -120,13 +135,20 @@ def make_layout(rewards: torch.Tensor, *, offsets=None, lengths=None, group_ids=
             raise ValueError(f"lengths must be 1-D with one entry per row ({rewards.shape[0]}), "
                              f"got shape {tuple(lengths.shape)}")
         lengths = lengths.to(torch.int64)
+        mask = torch.arange(rewards.shape[1], device=device)[None, :] < lengths[:, None]
         if check:
             bad = ((lengths < 0) | (lengths > rewards.shape[1])).nonzero()
             if bad.numel():
                 g = int(bad[0])
                 raise ValueError(f"lengths[{g}] = {int(lengths[g])} is outside [0, {rewards.shape[1]}] "
                                  f"(group {g})")
-        mask = torch.arange(rewards.shape[1], device=device)[None, :] < lengths[:, None]
+        if flat_padding:
+            G, n = rewards.shape
+            starts = torch.arange(G, dtype=torch.int64, device=device) * n
+            offsets = torch.full((2 * G + 1,), G * n, dtype=torch.int64, device=device)
+            offsets[0:2 * G:2] = starts
+            offsets[1:2 * G:2] = starts + lengths.clamp(0, n)
+            return GroupLayout("padded_flat", rewards.shape, offsets, mask=mask)
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=device)
         torch.cumsum(lengths, 0, out=offsets[1:])
         return GroupLayout("padded", rewards.shape, offsets, mask=mask)

@@ -41,7 +41,8 @@ from . import estimators, reference, tables, validation
 from .groups import make_layout
 from .loss_chunked import chunked_loss
 from .loss_math import LossParams, reference_loss
-from .ops import KERNEL_K_MAX, advantages
+from .backends import kernel_k
+from .ops import advantages
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
 WEIGHTINGS = ("ppo", "direct")
@@ -136,7 +137,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rewards: torch.Tenso
     impl = _select_backend(backend, logp)
     loss, sums = impl(logp, old_logp, ref_logp, valid, adv.to(compute_dtype), row_w, params)
 
-    stats = _stats(sums, tokens, adv, rewards, min(k or 1, KERNEL_K_MAX) if k_weights is None else k_weights,
+    stats = _stats(sums, tokens, adv, rewards, kernel_k(k or 1) if k_weights is None else k_weights,
                    layout_kwargs, group_size)
     return loss, stats
 

@@ -42,8 +42,8 @@ def check_tensor(name: str, t, *, allow_integer: bool = False) -> None:
         return
     if allow_integer and (t.dtype == torch.bool or not t.is_floating_point()) and not t.is_complex():
         return
-    raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
-                    f"got {t.dtype}" + (" (convert integer rewards with .float())" if name == "rewards" else ""))
+    raise TypeError(f"{name} must be float16, bfloat16, float32 or float64 (a floating-point dtype), got {t.dtype}"
+                    + ("" if allow_integer else " (convert integer rewards with .float())"))
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
@@ -98,9 +98,11 @@ def check_clamp_delta(clamp_delta, est: estimators.Estimator) -> Optional[float]
 
 
 def resolve_clip(clip, est: estimators.Estimator) -> Tuple[float, float]:
-    """``(lo, hi)`` of real numbers with lo <= hi; the estimator's default clip (or none) when None."""
+    """``(lo, hi)`` of real numbers with lo <= hi; bon_rlb's default bound when None."""
     if clip is None:
-        return est.default_clip if est.default_clip is not None else (-math.inf, math.inf)
+        if est.name == "bon_rlb":
+            return estimators.BON_RLB_DEFAULT_CLIP
+        return (-math.inf, math.inf)
     if isinstance(clip, (str, bytes)) or not hasattr(clip, "__len__") or len(clip) != 2 \
             or not all(is_real_number(c) for c in clip):
         raise ValueError(f"clip must be a (lo, hi) pair of numbers, got {clip!r}")
@@ -154,7 +156,7 @@ def first_group(mask: torch.Tensor, layout: GroupLayout) -> Optional[str]:
 def check_finite(name: str, values: torch.Tensor, layout: GroupLayout) -> None:
     where = first_group(~torch.isfinite(values), layout)
     if where:
-        raise ValueError(f"{name} must be finite: {name} contain NaN or inf in {where}")
+        raise ValueError(f"{name} contain NaN or inf in {where} ({name} must be finite)")
 
 
 def check_binary(values: torch.Tensor, layout: GroupLayout, name: str) -> None:
@@ -197,7 +199,7 @@ def check_values(values: torch.Tensor, layout: GroupLayout, est: estimators.Esti
     check_finite("rewards", values, layout)
     if est.binary:
         check_binary(values, layout, est.name)
-    if est.non_negative:
+    if est.name == "maxrl":
         check_non_negative(values, layout, est.name)
     if deltas is not None:
         check_finite("deltas", deltas, layout)
@@ -210,3 +212,29 @@ def check_values(values: torch.Tensor, layout: GroupLayout, est: estimators.Esti
             g = int((sizes > max_group_size).nonzero()[0])
             raise ValueError(f"max_group_size={max_group_size} but {layout.describe(g)} has "
                              f"{int(sizes[g])} samples")
+
+
+# ----------------------------------------------------------------------------- trainer integrations
+
+def check_trainer_estimator(estimator, trainer: str, *, k=None, k_weights=None, scale=None, eps=None,
+                            k_hint: str = "pass k=...", check_k_given: bool = True) -> estimators.Estimator:
+    """The checks every trainer integration makes before its advantage step: an on-policy estimator
+    (the step has no current-policy log-probs), k or k_weights as the estimator needs (not both),
+    and a valid scale and eps (``check_k_given=False``: the k arguments are checked later). ``k``
+    may come from a config file or the environment, so integral strings are left to the caller's
+    int(); everything else goes through the same checks as ``bk.advantages``."""
+    est = estimators.get(estimator)
+    if est.needs_deltas:
+        raise ValueError(f"{est.name} needs the current policy's log-probs, which {trainer}'s advantage step "
+                         "does not have; use bonkernels.policy_loss in the policy loss instead")
+    if check_k_given and k is not None and k_weights is not None:
+        raise ValueError("give either k or k_weights, not both")
+    if check_k_given and k_weights is None and est.uses_k and k is None:
+        raise ValueError(f"{est.name} needs k (the pass@k / max@k target): {k_hint}")
+    if k is not None and not isinstance(k, str):
+        check_k(k)
+    if scale is not None:
+        check_scale(scale)
+    if eps is not None:
+        check_eps(eps)
+    return est

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -31,10 +32,12 @@ bk::Params make_params(int64_t k, int64_t code, std::optional<double> clamp_delt
                     "bonkernels: unknown estimator code ", code);
   TORCH_CHECK_VALUE(bk::native_supports(int(code)), "bonkernels: estimator code ", code,
                     " is reference-only; the native backends do not implement it (use backend='torch')");
-  TORCH_CHECK_VALUE(k >= 1 && k <= std::numeric_limits<int>::max(), "bonkernels: k must be >= 1, got ", k);
+  TORCH_CHECK_VALUE(k >= 1, "bonkernels: k must be >= 1, got ", k);
   TORCH_CHECK_VALUE(small_groups >= 0 && small_groups <= 2, "bonkernels: small_groups code must be 0, 1 or 2");
   bk::Params p;
-  p.k = int(k);
+  // No group has 2^31 samples, so a larger k acts like any k above every group size (the k rules
+  // compare k with n only): cap it to the kernels' int.
+  p.k = int(std::min<int64_t>(k, std::numeric_limits<int>::max()));
   p.code = int(code);
   p.small_groups = int(small_groups);
   p.has_clamp = clamp_delta.has_value() ? 1 : 0;

@@ -98,7 +98,7 @@ DECLARED = {
     ("python_tests/test_mixture_backends.py", "LINEAR"): "bank",
     ("python_tests/test_native_group_math.py", "LINEAR"): "bank",
     ("python_tests/test_native_group_math.py", "CENTRED"): "sample",
-    ("python_tests/test_input_rules.py", "CENTRED"): "sample",
+    ("python_tests/test_api_contract.py", "CENTRED"): "sample",
     ("python_tests/test_triton_interpreter_mixtures.py", "LINEAR"): "bank",
     ("bench/methods.py", "ESTIMATOR_SCALE"): "field:scale",
     ("bench/run.py", "QUICK_ESTIMATORS"): "sample",

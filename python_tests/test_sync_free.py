@@ -1,7 +1,7 @@
-"""With ``check_inputs=False`` and a size hint, ``bk.advantages`` and ``bk.policy_loss`` (forward and
-backward) run no operation that would synchronise a GPU with the host, so they can be captured in
-a CUDA graph. Checked on the CPU by recording every aten op the calls dispatch (a GPU check with
-``torch.cuda.set_sync_debug_mode("error")`` lives in bench/gpu_check.py).
+"""With ``check_inputs=False`` and ``group_size``, ``bk.policy_loss`` (forward and backward) runs no
+operation that would synchronise a GPU with the host, so it can be captured in a CUDA graph.
+Checked on the CPU by recording every aten op the call dispatches (``bk.advantages`` has the same
+check in test_api_contract.py; the GPU variants use ``torch.cuda.set_sync_debug_mode``).
 
 An op "syncs" when its output size or a Python value depends on tensor data: reading a scalar
 (``_local_scalar_dense``: ``.item()``, ``int()``, ``bool()``), ``nonzero`` and boolean-mask
@@ -62,44 +62,7 @@ def test_the_recorder_sees_syncs():
     assert rec.syncs(), rec.ops
 
 
-# The kernels' backends (here the C++ one; cuda and triton in the GPU check). The reference
-# (backend="torch") is the specification in plain PyTorch and finds its padded width on the host.
-BACKENDS = ["auto", "cpu"]
 needs_native = pytest.mark.skipif(not _native.available(), reason="native extension not built")
-
-
-@needs_native
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("estimator", ["maxk_loo1", "grpo", "maxk_offpolicy", "maxrl"])
-def test_advantages_full_and_packed_layouts_are_sync_free(backend, estimator):
-    rewards = torch.rand(8, 6)
-    deltas = (torch.rand(8, 6) - 0.5) * 0.1 if estimator == "maxk_offpolicy" else None
-    k = 3 if estimator in ("maxk_loo1", "maxk_offpolicy") else None
-    common = dict(backend=backend, check_inputs=False, deltas=deltas)
-    rec = _record(lambda: bk.advantages(rewards, k, estimator, **common))
-    assert rec.syncs() == [], rec.ops
-    offsets = torch.tensor([0, 5, 5, 12, 20, 48])
-    packed_deltas = None if deltas is None else deltas.reshape(-1)
-    rec = _record(lambda: bk.advantages(rewards.reshape(-1), k, estimator, offsets=offsets, max_group_size=28,
-                                        small_groups="zero", backend=backend, check_inputs=False,
-                                        deltas=packed_deltas))
-    assert rec.syncs() == [], rec.ops
-    assert len(rec.ops) <= 12, rec.ops       # a few layout ops and one kernel call (the reference: more)
-
-
-@needs_native
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_advantages_mixture_is_sync_free_with_a_hint(backend):
-    rewards = torch.rand(8, 6)
-    w = bk.maxrl_weights(5)
-    rec = _record(lambda: bk.advantages(rewards, estimator="maxk_loo1", k_weights=w, backend=backend,
-                                        check_inputs=False))
-    assert rec.syncs() == [], rec.ops
-    offsets = torch.tensor([0, 5, 5, 12, 20, 48])
-    rec = _record(lambda: bk.advantages(rewards.reshape(-1), estimator="maxk_loo1", k_weights=w, offsets=offsets,
-                                        max_group_size=28, small_groups="clamp", backend=backend,
-                                        check_inputs=False))
-    assert rec.syncs() == [], rec.ops
 
 
 def test_checks_on_do_sync():

@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import estimators
+from .. import estimators, validation
 from ..ops import advantages as _advantages
 
 PREFIX = "bk_"
@@ -62,10 +62,7 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, k: Optional[int] 
                      k_weights: Optional[Sequence[float]] = None, scale: str = "mean",
                      eps: float = OPENRLHF_EPS) -> torch.Tensor:
     """``[P, n]`` sequence rewards (one row per prompt) -> ``[P, n]`` advantages, in the rewards' dtype."""
-    est = estimators.get(estimator)
-    if est.needs_deltas:
-        raise ValueError(f"{estimator} needs the current policy's log-probs, which OpenRLHF's advantage step "
-                         "does not have; use bonkernels.policy_loss in the policy loss instead")
+    validation.check_trainer_estimator(estimator, "OpenRLHF", scale=scale, eps=eps, check_k_given=False)
     kwargs = {}
     if k_weights is not None:
         if "k_weights" not in inspect.signature(_advantages).parameters:
@@ -73,9 +70,10 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, k: Optional[int] 
         if k is not None:
             raise ValueError("give k or k_weights, not both")
         kwargs["k_weights"] = [float(w) for w in k_weights]
-    elif est.uses_k and k is None:
-        raise ValueError(f"{estimator} needs k: pass --algo.advantage.bk_k, call "
-                         "bonkernels.integrations.openrlhf.configure(k=...) or set BONKERNELS_K")
+    else:
+        validation.check_trainer_estimator(estimator, "OpenRLHF", k=k,
+                                           k_hint="pass --algo.advantage.bk_k, call "
+                                           "bonkernels.integrations.openrlhf.configure(k=...) or set BONKERNELS_K")
     with torch.no_grad():
         if "k_weights" in kwargs:
             adv = _advantages(rewards.to(torch.float64), estimator=estimator, scale=scale, eps=eps, **kwargs)

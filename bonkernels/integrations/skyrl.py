@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import estimators
+from .. import estimators, validation
 from ..ops import advantages as _advantages
 from .metrics import dense_group_ids
 
@@ -40,10 +40,7 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
                       k_weights: Optional[Sequence[float]] = None, scale: str = "mean",
                       epsilon: float = 1e-6, grpo_norm_by_std: bool = True):
     """``(advantages, returns)``, both ``[bs, T]``, from any on-policy bonkernels estimator."""
-    est = estimators.get(estimator)
-    if est.needs_deltas:
-        raise ValueError(f"{estimator} needs the current policy's log-probs, which SkyRL's advantage step "
-                         "does not have; use bonkernels.policy_loss in the policy loss instead")
+    validation.check_trainer_estimator(estimator, "SkyRL", scale=scale, eps=epsilon, check_k_given=False)
     if not isinstance(token_level_rewards, torch.Tensor) or token_level_rewards.dim() != 2:
         raise ValueError("token_level_rewards must be a 2-D [bs, response_length] tensor")
     if response_mask.shape != token_level_rewards.shape:
@@ -59,9 +56,10 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
         if "k_weights" not in inspect.signature(_advantages).parameters:
             raise ValueError("k_weights needs a bonkernels with mixtures over k (bonkernels.advantages(k_weights=...))")
         kwargs["k_weights"] = [float(w) for w in k_weights]
-    elif est.uses_k and k is None:
-        raise ValueError(f"{estimator} needs k: pass bonkernels.integrations.skyrl.register(k=...), set "
-                         "bk_k in the algorithm config or BONKERNELS_K")
+    else:
+        validation.check_trainer_estimator(estimator, "SkyRL", k=k,
+                                           k_hint="pass bonkernels.integrations.skyrl.register(k=...), set "
+                                           "bk_k in the algorithm config or BONKERNELS_K")
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1).to(torch.float64)
         if "k_weights" in kwargs:

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from trl import GRPOTrainer
 
-from .. import estimators
+from .. import validation
 from ..ops import advantages as _advantages
 from ..tables import MIXABLE_ESTIMATORS, normalize_k_weights, parse_k_weights
 
@@ -37,23 +37,15 @@ class BonkernelsAdvantagesMixin:
 
     def __init__(self, *args, estimator: str = "maxk_loo1", k: Optional[int] = None, scale: str = "mean",
                  eps: float = 1e-4, advantage_kwargs: Optional[dict] = None, k_weights=None, **kwargs):
-        est = estimators.get(estimator)
+        validation.check_trainer_estimator(estimator, "TRL (advantages once per generation batch)", k=k,
+                                           k_weights=k_weights, scale=scale, eps=eps)
         if k_weights is not None:
-            if k is not None:
-                raise ValueError("give either k or k_weights, not both")
             if isinstance(k_weights, str):
                 k_weights = parse_k_weights(k_weights)
             if estimator not in MIXABLE_ESTIMATORS:
                 raise ValueError(f"k_weights (a mixture over k) does not apply to {estimator!r}; mixtures run "
                                  f"for {', '.join(MIXABLE_ESTIMATORS)}")
             k_weights = normalize_k_weights(k_weights)
-        if est.needs_deltas:
-            raise ValueError(f"{estimator} needs the current policy's log-probs at loss time; TRL computes "
-                             "advantages once per generation batch. Use bonkernels.policy_loss instead.")
-        if est.uses_k and k is None and k_weights is None:
-            raise ValueError(f"{estimator} needs k (the pass@k / max@k target): pass k=...")
-        if scale not in ("mean", "sum"):
-            raise ValueError(f"scale must be 'mean' or 'sum', got {scale!r}")
         self.bk_estimator = estimator
         self.bk_k = None if k is None or k_weights is not None else k
         self.bk_k_weights = k_weights

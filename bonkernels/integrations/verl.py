@@ -35,7 +35,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import estimators
+from .. import estimators, validation
 from ..ops import advantages as _advantages
 from ..tables import MIXABLE_ESTIMATORS, normalize_k_weights, parse_k_weights
 
@@ -83,10 +83,7 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
             only when ``norm_adv_by_std_in_grpo``).
         **advantage_kwargs: passed to ``bonkernels.advantages`` (``clip``, ``small_groups``, ...).
     """
-    est = estimators.get(estimator)
-    if est.needs_deltas:
-        raise ValueError(f"{estimator} needs the current policy's log-probs, which verl's advantage step "
-                         "does not have; use bonkernels.policy_loss in the policy loss instead")
+    validation.check_trainer_estimator(estimator, "verl", scale=scale, eps=epsilon, check_k_given=False)
     if not isinstance(token_level_rewards, torch.Tensor) or token_level_rewards.dim() != 2:
         raise ValueError("token_level_rewards must be a 2-D [bs, response_length] tensor")
     if response_mask.shape != token_level_rewards.shape:
@@ -98,9 +95,9 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
     group_ids = group_ids_from_index(index, bs, token_level_rewards.device)
     if k_weights is not None:
         k = None
-    elif est.uses_k and k is None:
-        raise ValueError(f"{estimator} needs k: pass k=, set algorithm.bk_k, call "
-                         "bonkernels.integrations.verl.configure(k=...) or set BONKERNELS_K")
+    validation.check_trainer_estimator(estimator, "verl", k=k, k_weights=k_weights,
+                                       k_hint="pass k=, set algorithm.bk_k, call "
+                                       "bonkernels.integrations.verl.configure(k=...) or set BONKERNELS_K")
     if estimator == "grpo" and not norm_adv_by_std_in_grpo:
         estimator = "dr_grpo"
     if std_normalize is None:

@@ -21,9 +21,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 from . import _config, _facts
 from ._advantages_kernel import advantages_kernel
 
-SMALL_GROUP_MODES = (0, 1, 2)  # error (already checked), zero, clamp
-
-
 def float64_bits(x: float) -> int:
     """The IEEE float64 bit pattern of x as a signed int64 (the kernel's float scalar arguments)."""
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
@@ -137,14 +134,15 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
     max_group_size=None costs one host sync to find the largest group. With check_inputs=False
     upstream, a max_group_size below the largest group gives NaN for the groups above the launch's
     block (never memory outside the output). `bank`/`bank_index`: a k mixture's weight tables.
+
+    The argument checks are bonkernels.validation's (bk.advantages runs them); this internal entry
+    point keeps only the ones that protect memory: device, dtype, shapes, contiguity, the bank
+    (the estimator is checked in `launch_arguments`; any small_groups code but 2 zeroes a group).
     """
     _check_device(values)
-    estimator_for_launch(estimator_code, deltas, bank)
     if values.dtype not in _config.VALUE_DTYPES:
         raise TypeError(f"backend='triton' takes float16/bfloat16/float32/float64 rewards, "
                         f"got {values.dtype}")
-    if small_groups not in SMALL_GROUP_MODES:
-        raise ValueError(f"small_groups must be 0, 1 or 2, got {small_groups!r}")
     if values.dim() != 1 or not values.is_contiguous():
         raise ValueError("advantages_packed takes a contiguous 1-D values tensor")
     if deltas is not None and (deltas.shape != values.shape or not deltas.is_contiguous()):
