@@ -29,10 +29,15 @@ How SASS is counted (per thread: one warp-instruction is issued for each instruc
     (the loop holding the BAR.SYNCs: cub::BlockRadixSort over 64-bit keys, 4 bits a pass) is
     weighted by its 16 passes; every other loop (the NaN fill of malformed groups: error path;
     ipow: bon_rlb only) counts once, as do straight-line instructions.
-  * This is a static count of one build, not a trace: every branch the compiler kept counts once
-    (too-small groups, the NaN contract, rare rescaling in divisions, the k = 1 case of maxk_loo1,
-    the dtype switches in the default build). For the ``<estimator>/fp32`` builds it is an upper
-    bound on the per-thread path, for the default build a much looser one.
+  * ``path``: the longest entry-to-exit path through main's control-flow graph (back edges
+    removed, loop bodies weighted as above; branches into the cold stubs not followed). This is
+    what the estimate uses: an upper bound on the instructions one thread (one warp) issues when
+    nothing diverges, as it is a static bound and not a trace (the longest arm of every branch the
+    compiler kept: too-small groups, the NaN contract, rare rescaling in divisions, the k >= 2 arm
+    of maxk_loo1). Most of the kernels' branches are predicated, so it lies within ~10 % of the
+    static count. The default builds dispatch through jump tables (BRX: every estimator and
+    dtype), where the graph is unknown: their ``path`` is the weighted count of everything, a loose
+    bound kept only to compare builds.
 
 The estimate (H200, N = 16M samples, groups of n):
   * warp-instructions per sample = per-thread count x threads per group / n / 32 (sub-warp kernel:
@@ -293,6 +298,78 @@ class SassCounts:
     weighted: dict  # main region, loops weighted by their trip counts
     cold: int  # WARPSYNC.COLLECTIVE stubs
     loops: list  # (instructions in the loop, trips)
+    path: dict = field(default_factory=dict)  # the longest path through main (loops weighted)
+
+
+def _is_exit_or_jump(ins: Instr) -> bool:
+    return ins.base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET")
+
+
+def longest_path(main: list[Instr], weights: list[int]) -> dict:
+    """Class counts along the longest entry-to-exit path of main's control-flow graph, back edges
+    removed and loop bodies weighted (``weights``). Branches into the cold stubs (BRA.DIV and the
+    like: taken only by a diverged warp) are not followed; an indirect branch (BRX) makes the
+    graph unknown, and then the weighted count of everything is returned instead."""
+    if any(x.base in ("BRX", "JMX", "CALL") for x in main):
+        return count(main, weights)
+    index = {x.addr: i for i, x in enumerate(main)}
+    leaders = {0}
+    for i, x in enumerate(main):
+        t = _branch_target(x)
+        if t is not None and t in index:
+            leaders.add(index[t])
+        if _is_exit_or_jump(x) and i + 1 < len(main):
+            leaders.add(i + 1)
+    starts = sorted(leaders)
+    block_of = {}
+    blocks = []  # (start, end) inclusive
+    for bi, st in enumerate(starts):
+        end = (starts[bi + 1] if bi + 1 < len(starts) else len(main)) - 1
+        blocks.append((st, end))
+        block_of[st] = bi
+    succ = [[] for _ in blocks]
+    exits = set()
+    for bi, (st, end) in enumerate(blocks):
+        last = main[end]
+        conditional = bool(last.pred) or (last.base == "BRA" and re.match(r"!?U?P[0-6T]\b", last.args or ""))
+        fall = bi + 1 if bi + 1 < len(blocks) else None
+        if last.base == "EXIT":
+            exits.add(bi)
+            if last.pred and fall is not None:
+                succ[bi].append(fall)
+        elif last.base == "BRA":
+            t = _branch_target(last)
+            if t is not None and t in index and t > last.addr:
+                succ[bi].append(block_of[index[t]])
+            if (conditional or last.op.startswith("BRA.DIV") or t is None or t not in index) and fall is not None:
+                succ[bi].append(fall)
+            elif t is not None and t <= last.addr and fall is not None:
+                succ[bi].append(fall)  # a loop's back edge: leave the loop after its weighted body
+        elif fall is not None:
+            succ[bi].append(fall)
+        else:
+            exits.add(bi)
+    wsum = [sum(weights[i] for i in range(st, end + 1)) for st, end in blocks]
+    best = [float("-inf")] * len(blocks)
+    prev = [None] * len(blocks)
+    best[0] = wsum[0]
+    for bi in range(len(blocks)):
+        if best[bi] == float("-inf"):
+            continue
+        for sj in succ[bi]:
+            if sj > bi and best[bi] + wsum[sj] > best[sj]:
+                best[sj] = best[bi] + wsum[sj]
+                prev[sj] = bi
+    end_block = max((b for b in exits if best[b] > float("-inf")), key=lambda b: best[b], default=None)
+    if end_block is None:
+        return count(main, weights)
+    on_path = []
+    b = end_block
+    while b is not None:
+        on_path.append(b)
+        b = prev[b]
+    idx = [i for b in on_path for i in range(blocks[b][0], blocks[b][1] + 1)]
+    return count([main[i] for i in idx], [weights[i] for i in idx])
 
 
 def sass_counts(instrs: list[Instr]) -> SassCounts:
@@ -303,7 +380,7 @@ def sass_counts(instrs: list[Instr]) -> SassCounts:
         for i in range(lp.start, lp.end + 1):
             weights[i] *= lp.trips
     return SassCounts(count(main), count(main, weights), len(cold),
-                      [(lp.end - lp.start + 1, lp.trips) for lp in loops])
+                      [(lp.end - lp.start + 1, lp.trips) for lp in loops], longest_path(main, weights))
 
 
 # ---------------------------------------------------------------------------------------------- resources
@@ -441,6 +518,7 @@ class KernelRow:
     cold: int
     static: dict = field(default_factory=dict)
     weighted: dict = field(default_factory=dict)
+    path: dict = field(default_factory=dict)
 
 
 def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS, log=print) -> list[KernelRow]:
@@ -459,7 +537,7 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
         c = sass_counts(funcs[name])
         blocks, occ = occupancy(r.regs, r.shared, v.block_threads)
         rows.append(KernelRow("cuda", v.name, build, v.block_threads, v.group_threads, r.regs, st, ld, r.local,
-                              r.shared, blocks, occ, _loops_text(c.loops), c.cold, c.static, c.weighted))
+                              r.shared, blocks, occ, _loops_text(c.loops), c.cold, c.static, c.weighted, c.path))
     return rows
 
 
@@ -529,7 +607,7 @@ def triton_rows(blocks=TRITON_BLOCKS, dtype: str = "fp32", work: str = ".", budg
         rows.append(KernelRow("triton", f"triton BLOCK={block} GROUPS={cfg.groups} warps={cfg.num_warps}"
                               f"{' rank-sort' if cfg.rank_sort else ''}", build, threads, threads / cfg.groups, regs,
                               int(sp.group(1)) if sp else 0, int(sp.group(2)) if sp else 0, 0, shared, blocks_sm,
-                              occ, _loops_text(c.loops), c.cold, c.static, c.weighted))
+                              occ, _loops_text(c.loops), c.cold, c.static, c.weighted, c.path))
         log(f"[static] triton {build} BLOCK={block}: {time.perf_counter() - t0:.0f} s, {regs} registers, "
             f"{c.static['total']} SASS")
     return rows
@@ -556,11 +634,12 @@ def estimate_rows(kernels: list[KernelRow], ns=NS) -> list[dict]:
                 continue
             est_name = k.build.split("/")[0]
             deltas = est_name == "maxk_offpolicy"
-            e = estimate(k.weighted, k.threads_per_group, n, 4, deltas)
+            per_thread = k.path or k.weighted
+            e = estimate(per_thread, k.threads_per_group, n, 4, deltas)
             out.append({"n": n, "backend": k.backend, "variant": k.variant, "build": k.build,
                         "regs": k.regs, "spills": k.spill_stores + k.spill_loads, "smem": k.shared,
-                        "occupancy": round(k.occupancy, 3), "sass_per_thread": k.weighted["total"],
-                        "thread_instr_per_sample": k.weighted["total"] * k.threads_per_group / n,
+                        "occupancy": round(k.occupancy, 3), "sass_per_thread": per_thread["total"],
+                        "thread_instr_per_sample": per_thread["total"] * k.threads_per_group / n,
                         **{f"{f}": v for f, v in asdict(e).items()}})
     return out
 
@@ -571,14 +650,14 @@ def _us(s: float) -> str:
 
 def kernels_markdown(kernels: list[KernelRow]) -> str:
     head = ("| backend | variant | build | threads/block | regs | spills st/ld B | smem B | blocks/SM | occupancy | "
-            "SASS main (static) | weighted | SHFL | MATCH | WARPSYNC | BAR | FP64 | MUFU | LDG | STG | LDS+STS | "
+            "SASS main (static) | weighted | longest path | SHFL | MATCH | WARPSYNC | BAR | FP64 | MUFU | LDG | STG | LDS+STS | "
             "branches | loops (instr x trips) | cold stubs |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for k in kernels:
-        w = k.weighted
+        w = k.path or k.weighted
         lines.append(f"| {k.backend} | {k.variant} | {k.build} | {k.threads_per_block} | {k.regs} | "
                      f"{k.spill_stores}/{k.spill_loads} | {k.shared} | {k.blocks_per_sm} | {k.occupancy:.0%} | "
-                     f"{k.static['total']:,} | {w['total']:,} | {w['shfl']:,} | {w['match']:,} | {w['warpsync']:,} | "
+                     f"{k.static['total']:,} | {k.weighted['total']:,} | {w['total']:,} | {w['shfl']:,} | {w['match']:,} | {w['warpsync']:,} | "
                      f"{w['bar']:,} | {w['fp64']:,} | {w['mufu']:,} | {w['ldg']:,} | {w['stg']:,} | "
                      f"{w['lds_sts']:,} | {w['branch']:,} | {k.loops} | {k.cold:,} |")
     return "\n".join(lines)
@@ -603,22 +682,23 @@ MODEL = f"""Model (H200, sm_90): N = {N_SAMPLES:,} samples in groups of n; issue
 pipe bounds FP64 {int(FP64_WARP_PER_CLK * 32)} lanes/clk/SM, SHFL {int(SHFL_WARP_PER_CLK * 32)} lanes/clk/SM,
 MUFU {int(MUFU_WARP_PER_CLK * 32)} lanes/clk/SM; estimate = the largest of the four; memory time =
 bytes/sample x N / {HBM_BPS / 1e12:.1f} TB/s (fp32 values + output, + deltas off-policy, + 8/n offset bytes).
-SASS per thread = the main region of the function (slow-path WARPSYNC.COLLECTIVE stubs apart), the
-radix-sort pass loop x {RADIX_PASSES}, every other instruction once: for the `<estimator>/fp32`
-builds an upper bound on one thread's path (kept branches such as the NaN contract, too-small
-groups and the rare rescaling in divisions count once), for `default` a much looser one (every
-estimator and dtype). Latency, occupancy and L2 traffic are not modelled."""
+SASS per thread = the longest path through the main region of the function (slow-path
+WARPSYNC.COLLECTIVE stubs apart), the radix-sort pass loop x {RADIX_PASSES}: for the `<estimator>/fp32`
+builds an upper bound on one thread's path with no divergence (the longest arm of each kept branch
+counts), for `default` (jump tables: no graph) every instruction of the function, a much looser
+bound. Latency, occupancy and L2 traffic are not modelled."""
 
 
 def write_outputs(out: str, kernels: list[KernelRow], rows: list[dict], meta: dict) -> str:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "kernels.csv"), "w", newline="") as f:
-        fields = [k for k in asdict(kernels[0]) if k not in ("static", "weighted")]
+        fields = [k for k in asdict(kernels[0]) if k not in ("static", "weighted", "path")]
         w = csv.writer(f)
-        w.writerow(fields + [f"static_{c}" for c in CLASSES] + [f"weighted_{c}" for c in CLASSES])
+        w.writerow(fields + [f"{kind}_{c}" for kind in ("static", "weighted", "path") for c in CLASSES])
         for k in kernels:
             d = asdict(k)
-            w.writerow([d[x] for x in fields] + [k.static[c] for c in CLASSES] + [k.weighted[c] for c in CLASSES])
+            w.writerow([d[x] for x in fields] + [getattr(k, kind)[c] for kind in ("static", "weighted", "path")
+                                                 for c in CLASSES])
     if rows:
         with open(os.path.join(out, "estimate.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -105,3 +105,32 @@ def test_quick_run_parses_a_real_cubin(tmp_path):
     (row,) = data["estimate"]
     assert row["n"] == 8 and row["issue_s"] > 0 and row["memory_s"] > 0
     assert (tmp_path / "REPORT.md").exists() and (tmp_path / "kernels.csv").exists()
+
+
+DIAMOND = """
+\t\tFunction : k
+        /*0000*/                   ISETP.GE.AND P0, PT, R0, RZ, PT ;
+        /*0010*/                @P0 BRA 0x50 ;
+        /*0020*/                   DADD R2, R2, R2 ;
+        /*0030*/                   DADD R2, R2, R2 ;
+        /*0040*/                   BRA 0x70 ;
+        /*0050*/                   MUFU.RCP64H R3, R2 ;
+        /*0060*/                   MOV R1, R2 ;
+        /*0070*/                   STG.E desc[UR4][R2.64], R6 ;
+        /*0080*/               @!P1 BRA.DIV UR4, 0xb0 ;
+        /*0090*/                   SHFL.BFLY PT, R3, R2, 0x1, 0x181f ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   WARPSYNC.COLLECTIVE R35, 0xd0 ;
+        /*00c0*/                   SHFL.BFLY P6, R0, R30, R29, R0 ;
+        /*00d0*/                   ENDCOLLECTIVE ;
+        /*00e0*/                   BRA 0x90 ;
+"""
+
+
+def test_longest_path_takes_the_longer_arm_and_skips_cold_stubs():
+    (instrs,) = sk.parse_sass(DIAMOND).values()
+    c = sk.sass_counts(instrs)
+    assert c.static["total"] == 11 and c.cold == 4
+    # the DADD arm (3 with its BRA) is longer than the MUFU arm (2): 0,1,2,3,4 then 7,8,9,a
+    assert c.path["total"] == 9
+    assert c.path["fp64"] == 2 and c.path["mufu"] == 0 and c.path["shfl"] == 1
