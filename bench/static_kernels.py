@@ -35,9 +35,9 @@ How SASS is counted (per thread: one warp-instruction is issued for each instruc
     nothing diverges, as it is a static bound and not a trace (the longest arm of every branch the
     compiler kept: too-small groups, the NaN contract, rare rescaling in divisions, the k >= 2 arm
     of maxk_loo1). Most of the kernels' branches are predicated, so it lies within ~10 % of the
-    static count. The default builds dispatch through jump tables (BRX: every estimator and
-    dtype), where the graph is unknown: their ``path`` is the weighted count of everything, a loose
-    bound kept only to compare builds.
+    weighted count. The shipped builds (CUDA ``default``, Triton ``fp32``) dispatch through jump
+    tables (BRX: every estimator, and dtype), where the graph is unknown: their ``path`` is the
+    weighted count of everything, a loose bound kept only to compare builds.
 
 The estimate (H200, N = 16M samples, groups of n):
   * warp-instructions per sample = per-thread count x threads per group / n / 32 (sub-warp kernel:
@@ -685,7 +685,7 @@ bytes/sample x N / {HBM_BPS / 1e12:.1f} TB/s (fp32 values + output, + deltas off
 SASS per thread = the longest path through the main region of the function (slow-path
 WARPSYNC.COLLECTIVE stubs apart), the radix-sort pass loop x {RADIX_PASSES}: for the `<estimator>/fp32`
 builds an upper bound on one thread's path with no divergence (the longest arm of each kept branch
-counts), for `default` (jump tables: no graph) every instruction of the function, a much looser
+counts), for the shipped builds (`default`, Triton `fp32`: jump tables, no graph) every instruction of the function, a much looser
 bound. Latency, occupancy and L2 traffic are not modelled."""
 
 
