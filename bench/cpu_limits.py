@@ -111,8 +111,8 @@ def flag_disturbed(rows: list[dict], slack: float = 1.5) -> None:
 
 def markdown(rows: list[dict]) -> str:
     head = ("| G | n | estimator | threads | copy ns/sample | cpu kernel ns/sample | torch ref ns/sample | "
-            "kernel / copy | ref / kernel | kernel / DRAM-copy bound | (medians) kernel / copy | (medians) ref / kernel |"
-            " ref >= 10x kernel | kernel within 10x of copy | disturbed |")
+            "kernel / copy | ref / kernel | kernel / DRAM-copy bound | (medians) kernel / copy | "
+            "(medians) ref / kernel | ref >= 10x kernel | kernel within 10x of copy | disturbed |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         dram = f"{r['cpu_over_dram_copy_bound']:.1f}x" if "cpu_over_dram_copy_bound" in r else "-"

@@ -650,16 +650,16 @@ def _us(s: float) -> str:
 
 def kernels_markdown(kernels: list[KernelRow]) -> str:
     head = ("| backend | variant | build | threads/block | regs | spills st/ld B | smem B | blocks/SM | occupancy | "
-            "SASS main (static) | weighted | longest path | SHFL | MATCH | WARPSYNC | BAR | FP64 | MUFU | LDG | STG | LDS+STS | "
-            "branches | loops (instr x trips) | cold stubs |")
+            "SASS main (static) | weighted | longest path | SHFL | MATCH | WARPSYNC | BAR | FP64 | MUFU | LDG | STG | "
+            "LDS+STS | branches | loops (instr x trips) | cold stubs |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for k in kernels:
         w = k.path or k.weighted
         lines.append(f"| {k.backend} | {k.variant} | {k.build} | {k.threads_per_block} | {k.regs} | "
                      f"{k.spill_stores}/{k.spill_loads} | {k.shared} | {k.blocks_per_sm} | {k.occupancy:.0%} | "
-                     f"{k.static['total']:,} | {k.weighted['total']:,} | {w['total']:,} | {w['shfl']:,} | {w['match']:,} | {w['warpsync']:,} | "
-                     f"{w['bar']:,} | {w['fp64']:,} | {w['mufu']:,} | {w['ldg']:,} | {w['stg']:,} | "
-                     f"{w['lds_sts']:,} | {w['branch']:,} | {k.loops} | {k.cold:,} |")
+                     f"{k.static['total']:,} | {k.weighted['total']:,} | {w['total']:,} | {w['shfl']:,} | "
+                     f"{w['match']:,} | {w['warpsync']:,} | {w['bar']:,} | {w['fp64']:,} | {w['mufu']:,} | "
+                     f"{w['ldg']:,} | {w['stg']:,} | {w['lds_sts']:,} | {w['branch']:,} | {k.loops} | {k.cold:,} |")
     return "\n".join(lines)
 
 
@@ -683,10 +683,10 @@ pipe bounds FP64 {int(FP64_WARP_PER_CLK * 32)} lanes/clk/SM, SHFL {int(SHFL_WARP
 MUFU {int(MUFU_WARP_PER_CLK * 32)} lanes/clk/SM; estimate = the largest of the four; memory time =
 bytes/sample x N / {HBM_BPS / 1e12:.1f} TB/s (fp32 values + output, + deltas off-policy, + 8/n offset bytes).
 SASS per thread = the longest path through the main region of the function (slow-path
-WARPSYNC.COLLECTIVE stubs apart), the radix-sort pass loop x {RADIX_PASSES}: for the `<estimator>/fp32`
-builds an upper bound on one thread's path with no divergence (the longest arm of each kept branch
-counts), for the shipped builds (`default`, Triton `fp32`: jump tables, no graph) every instruction of the function, a much looser
-bound. Latency, occupancy and L2 traffic are not modelled."""
+WARPSYNC.COLLECTIVE stubs apart), the radix-sort pass loop x {RADIX_PASSES}: for the
+`<estimator>/fp32` builds an upper bound on one thread's path with no divergence (the longest arm
+of each kept branch counts), for the shipped builds (`default`, Triton `fp32`: jump tables, no
+graph) every instruction of the function, a much looser bound. Latency, occupancy and L2 traffic are not modelled."""
 
 
 def write_outputs(out: str, kernels: list[KernelRow], rows: list[dict], meta: dict) -> str:
