@@ -5,6 +5,8 @@ issue-time versus memory-time estimate for an H200.
                                                    # bench/results/static_sm90/
     python -m bench.static_kernels --no-triton     # CUDA only (about 1 min: one nvcc at a time)
     python -m bench.static_kernels --quick --out D # one small build and variant (the test's mode)
+    python -m bench.static_kernels --source-rev REV --no-triton --out D
+                                                   # the CUDA kernels of another git revision
 
 CUDA: csrc/cuda/advantages.cu is compiled with bare nvcc to an sm_90 cubin with the flags of
 setup.py's bare-nvcc route (-O3 -std=c++17 --expt-relaxed-constexpr). Builds:
@@ -480,13 +482,15 @@ def estimate(per_thread: dict, threads_per_group: float, n: int, elem_bytes: int
 NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]  # setup.py's bare-nvcc route
 
 
-def compile_cuda(defines: list[str], out_dir: str, tag: str) -> tuple[str, str]:
-    """advantages.cu -> <out_dir>/<tag>.cubin for sm_90; returns (cubin path, ptxas -v log)."""
+def compile_cuda(defines: list[str], out_dir: str, tag: str, csrc: str | None = None) -> tuple[str, str]:
+    """<csrc>/cuda/advantages.cu (default: this tree's) -> <out_dir>/<tag>.cubin for sm_90; returns
+    (cubin path, ptxas -v log)."""
     nvcc = find_tool("nvcc")
+    csrc = csrc or os.path.join(REPO_DIR, "csrc")
     cubin = os.path.join(out_dir, f"{tag}.cubin")
-    cmd = [nvcc, *NVCC_FLAGS, "-I", os.path.join(REPO_DIR, "csrc", "include"), "-I", os.path.join(REPO_DIR, "csrc"),
+    cmd = [nvcc, *NVCC_FLAGS, "-I", os.path.join(csrc, "include"), "-I", csrc,
            "-arch=sm_90", "-cubin", "-Xptxas", "-v", *[f"-D{d}" for d in defines],
-           os.path.join(REPO_DIR, "csrc", "cuda", "advantages.cu"), "-o", cubin]
+           os.path.join(csrc, "cuda", "advantages.cu"), "-o", cubin]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{run.stderr[-3000:]}")
@@ -521,9 +525,10 @@ class KernelRow:
     path: dict = field(default_factory=dict)
 
 
-def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS, log=print) -> list[KernelRow]:
+def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS, log=print,
+              csrc: str | None = None) -> list[KernelRow]:
     t0 = time.perf_counter()
-    cubin, ptxas_log = compile_cuda(defines, work, build.replace("/", "_"))
+    cubin, ptxas_log = compile_cuda(defines, work, build.replace("/", "_"), csrc)
     spills = parse_ptxas_spills(ptxas_log)
     res, funcs = cubin_report(cubin)
     log(f"[static] cuda {build}: nvcc + cuobjdump {time.perf_counter() - t0:.0f} s")
@@ -746,6 +751,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--triton-budget-s", type=float, default=900)
     ap.add_argument("--keep", action="store_true", help="keep the cubins and PTX (in <out>/build)")
+    ap.add_argument("--source-rev", help="compile csrc/ of this git revision instead of the working tree "
+                    "(CUDA only: e.g. the old kernels next to a redesign; per-estimator builds need a "
+                    "revision with the BK_STATIC_* macros)")
     a = ap.parse_args(argv)
     if not have_tools():
         print("[static] nvcc or cuobjdump not found: nothing to do", file=sys.stderr)
@@ -761,10 +769,23 @@ def main(argv=None) -> int:
             kernels += cuda_rows("grpo/fp32", [f"BK_STATIC_ESTIMATOR_CODE={code}", "BK_STATIC_FP32"], work,
                                  variants=CUDA_VARIANTS[:1])
         else:
-            kernels += cuda_rows("default", [], work)
-            for name in ESTIMATORS:
+            csrc = None
+            if a.source_rev:
+                src = os.path.join(work, "src")
+                os.makedirs(src, exist_ok=True)
+                archive = subprocess.run(["git", "-C", REPO_DIR, "archive", a.source_rev, "csrc"], capture_output=True,
+                                         check=True).stdout
+                subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+                csrc = os.path.join(src, "csrc")
+            kernels += cuda_rows("default", [], work, csrc=csrc)
+            with open(os.path.join(csrc or os.path.join(REPO_DIR, "csrc"), "cuda", "advantages.cu")) as f:
+                has_macros = "BK_STATIC_ESTIMATOR_CODE" in f.read()
+            if not has_macros:
+                print("[static] this advantages.cu has no BK_STATIC_* macros: default build only", flush=True)
+            for name in ESTIMATORS if has_macros else ():
                 code = estimators.get(name).code
-                kernels += cuda_rows(f"{name}/fp32", [f"BK_STATIC_ESTIMATOR_CODE={code}", "BK_STATIC_FP32"], work)
+                kernels += cuda_rows(f"{name}/fp32", [f"BK_STATIC_ESTIMATOR_CODE={code}", "BK_STATIC_FP32"], work,
+                                     csrc=csrc)
             if not a.no_triton:
                 t0 = time.perf_counter()
                 kernels += triton_rows(work=work, budget_s=a.triton_budget_s)
@@ -775,7 +796,10 @@ def main(argv=None) -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     rows = estimate_rows(kernels, (8,) if a.quick else NS)
-    path = write_outputs(a.out, kernels, rows, _meta(" ".join(sys.argv[1:] if argv is None else argv)))
+    meta = _meta(" ".join(sys.argv[1:] if argv is None else argv))
+    if a.source_rev:
+        meta["cuda_source_rev"] = a.source_rev
+    path = write_outputs(a.out, kernels, rows, meta)
     print(estimate_markdown(rows))
     print(f"[static] wrote {path}")
     return 0
