@@ -428,6 +428,21 @@ def parse_ptxas_spills(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def parse_ptxas_smem(text: str) -> dict[str, int]:
+    """``ptxas -v`` log -> {function: static shared memory in bytes, as the kernel declares it}.
+    (cuobjdump -res-usage's SHARED adds the 1 KiB sm_90 reserves per block when there is any.)"""
+    out, name = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"Used \d+ registers.*?(\d+) bytes smem", line)
+        if m and name:
+            out[name] = int(m.group(1))
+    return out
+
+
 def occupancy(regs: int, shared: int, threads: int) -> tuple[int, float]:
     """(resident blocks per SM, theoretical occupancy = resident warps / 64) on sm_90."""
     warps = -(-threads // 32)
@@ -530,6 +545,7 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
     t0 = time.perf_counter()
     cubin, ptxas_log = compile_cuda(defines, work, build.replace("/", "_"), csrc)
     spills = parse_ptxas_spills(ptxas_log)
+    smem = parse_ptxas_smem(ptxas_log)
     res, funcs = cubin_report(cubin)
     log(f"[static] cuda {build}: nvcc + cuobjdump {time.perf_counter() - t0:.0f} s")
     rows = []
@@ -540,9 +556,10 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
         r = res[name]
         st, ld = spills.get(name, (0, 0))
         c = sass_counts(funcs[name])
-        blocks, occ = occupancy(r.regs, r.shared, v.block_threads)
+        shared = smem.get(name, r.shared)
+        blocks, occ = occupancy(r.regs, shared, v.block_threads)
         rows.append(KernelRow("cuda", v.name, build, v.block_threads, v.group_threads, r.regs, st, ld, r.local,
-                              r.shared, blocks, occ, _loops_text(c.loops), c.cold, c.static, c.weighted, c.path))
+                              shared, blocks, occ, _loops_text(c.loops), c.cold, c.static, c.weighted, c.path))
     return rows
 
 

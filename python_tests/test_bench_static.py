@@ -134,3 +134,19 @@ def test_longest_path_takes_the_longer_arm_and_skips_cold_stubs():
     # the DADD arm (3 with its BRA) is longer than the MUFU arm (2): 0,1,2,3,4 then 7,8,9,a
     assert c.path["total"] == 9
     assert c.path["fp64"] == 2 and c.path["mufu"] == 0 and c.path["shfl"] == 1
+
+
+PTXAS_LOG = """ptxas info    : Compiling entry function '_Z5blockv' for 'sm_90'
+ptxas info    : Function properties for _Z5blockv
+    0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 33792 bytes smem
+ptxas info    : Compiling entry function '_Z4warpv' for 'sm_90'
+ptxas info    : Function properties for _Z4warpv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 44 registers, used 0 barriers
+"""
+
+
+def test_parse_ptxas_log():
+    assert sk.parse_ptxas_spills(PTXAS_LOG) == {"_Z5blockv": (8, 12), "_Z4warpv": (0, 0)}
+    assert sk.parse_ptxas_smem(PTXAS_LOG) == {"_Z5blockv": 33792}
