@@ -443,6 +443,13 @@ def build_results_md(results_root: str, out_path: str, make_plots: bool = True) 
             parts.append(section_markdown(d, root_rel, make_plots))
         else:
             parts.append(f"## {name.upper()} results\n\nNot recorded yet: see `bench/README.md` for the command.\n")
+    # Sections written by hand next to their own results (bench/results/<name>/SECTION.md: the
+    # static proxies, the CPU limits) survive a rebuild.
+    for name in sorted(os.listdir(results_root)) if os.path.isdir(results_root) else []:
+        extra = os.path.join(results_root, name, "SECTION.md")
+        if os.path.exists(extra):
+            with open(extra) as f:
+                parts.append(f.read().strip() + "\n")
     text = "\n".join(parts)
     with open(out_path, "w") as f:
         f.write(text)

@@ -27,6 +27,25 @@
 namespace bk {
 namespace cuda {
 
+// Static-analysis builds only (bench/static_kernels.py; never set by setup.py, CMake or CI): with
+// -DBK_STATIC_ESTIMATOR_CODE=<code> the kernels take that estimator code instead of p.code (and
+// with -DBK_STATIC_FP32 the float32 element type and no mixture bank), so the compiler drops every
+// other branch and the SASS holds one estimator's path. Undefined (every real build): no effect.
+#if defined(BK_STATIC_ESTIMATOR_CODE) || defined(BK_STATIC_FP32)
+#define BK_STATIC_SPECIALISE(dtype, p) bk_static_specialise(dtype, p)
+__device__ __forceinline__ void bk_static_specialise(int& dtype, Params& p) {
+#if defined(BK_STATIC_ESTIMATOR_CODE)
+  p.code = BK_STATIC_ESTIMATOR_CODE;
+#endif
+#if defined(BK_STATIC_FP32)
+  dtype = BK_FLOAT32;
+  p.bank = nullptr;
+#endif
+}
+#else
+#define BK_STATIC_SPECIALISE(dtype, p) ((void)0)
+#endif
+
 // ----------------------------------------------------------------------------- element access
 
 __device__ __forceinline__ double load_value(int dtype, const void* p, int64_t i) {
@@ -210,6 +229,7 @@ __global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __rest
                                                    const int64_t* __restrict__ offsets,
                                                    const void* __restrict__ deltas, void* __restrict__ out,
                                                    int64_t num_groups, int64_t total, Params p) {
+  BK_STATIC_SPECIALISE(dtype, p);
   const int lane32 = threadIdx.x & 31;
   const int lane = lane32 % W;
   const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / W;
@@ -431,6 +451,7 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
                                                       const int64_t* __restrict__ offsets,
                                                       const void* __restrict__ deltas, void* __restrict__ out,
                                                       int64_t num_groups, int64_t total, Params p) {
+  BK_STATIC_SPECIALISE(dtype, p);
   using Sort = cub::BlockRadixSort<double, BLOCK, ITEMS, int>;
   __shared__ union {
     typename Sort::TempStorage sort;

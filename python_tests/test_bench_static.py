@@ -1,0 +1,152 @@
+"""bench/static_kernels.py: the SASS parser, the occupancy and issue/memory arithmetic, and (where
+nvcc and cuobjdump exist) a --quick run on one small kernel variant."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import static_kernels as sk  # noqa: E402
+
+SASS = """
+\t\tFunction : _ZN2bk4cuda11warp_kernelILi8EEEviPKvPKlS3_PvllNS_6ParamsE
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+                                                                          /* 0x000fe20000000800 */
+        /*0010*/                   SHFL.BFLY PT, R3, R2, 0x1, 0x181f ;    /* 0x0 */
+        /*0020*/                   DFMA R4, R2, R2, R4 ;                  /* 0x0 */
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;          /* 0x0 */
+        /*0040*/               @!P0 BRA 0x10 ;                            /* 0x0 */
+        /*0050*/                   MUFU.RCP64H R6, R5 ;                   /* 0x0 */
+        /*0060*/                   STG.E desc[UR4][R2.64], R6 ;           /* 0x0 */
+        /*0070*/                   EXIT ;                                 /* 0x0 */
+        /*0080*/                   BSSY B0, 0xc0 ;                        /* 0x0 */
+        /*0090*/                   WARPSYNC.COLLECTIVE R35, 0xb0 ;        /* 0x0 */
+        /*00a0*/                   SHFL.BFLY P6, R0, R30, R29, R0 ;       /* 0x0 */
+        /*00b0*/                   ENDCOLLECTIVE ;                        /* 0x0 */
+        /*00c0*/                   BSYNC B0 ;                             /* 0x0 */
+        /*00d0*/                   BRA 0x50 ;                             /* 0x0 */
+        /*00e0*/                   BRA 0xe0;                              /* 0x0 */
+        /*00f0*/                   NOP;                                   /* 0x0 */
+"""
+
+
+def test_parse_and_count_sass():
+    funcs = sk.parse_sass(SASS)
+    (name, instrs), = funcs.items()
+    assert "warp_kernelILi8EE" in name
+    assert len(instrs) == 16
+    assert instrs[4].pred == "@!P0" and instrs[4].op == "BRA"
+    c = sk.sass_counts(instrs)
+    # main: 0x00..0x70 (8 instructions); cold: the collective stub (6); padding dropped
+    assert c.static["total"] == 8 and c.cold == 6
+    assert c.static["shfl"] == 1 and c.static["fp64"] == 1 and c.static["mufu"] == 1
+    assert c.static["bar"] == 1 and c.static["stg"] == 1 and c.static["branch"] == 2
+    # the backward branch 0x40 -> 0x10 holds a BAR: a radix pass loop of 4 instructions x 16
+    assert c.loops == [(4, sk.RADIX_PASSES)]
+    assert c.weighted["total"] == 8 + 4 * (sk.RADIX_PASSES - 1)
+    assert c.weighted["shfl"] == sk.RADIX_PASSES
+
+
+def test_occupancy_sm90():
+    # 256 threads, 44 registers: 44*32 -> 1536 per warp (256-register units), 42 warps -> 5 blocks
+    assert sk.occupancy(44, 0, 256) == (5, 5 * 8 / 64)
+    # 32 registers, 256 threads: thread-limited to 8 blocks = 100 %
+    assert sk.occupancy(32, 0, 256) == (8, 1.0)
+    # 512 threads, 128 registers: 4096 per warp, 16 warps per SM -> 1 block of 16 warps
+    assert sk.occupancy(128, 34816, 512) == (1, 0.25)
+    # shared-memory limited: 100 KiB per block -> 2 blocks
+    assert sk.occupancy(16, 100 * 1024, 64)[0] == 2
+
+
+def test_estimate_arithmetic():
+    per_thread = dict.fromkeys(sk.CLASSES, 0)
+    per_thread.update(total=550, fp64=100, shfl=75, mufu=4)
+    n = 16
+    e = sk.estimate(per_thread, threads_per_group=16, n=n)
+    # one lane per sample: 550 thread-instructions = 550/32 warp-instructions per sample
+    assert e.warp_instr_per_sample == pytest.approx(550 / 32)
+    clk = sk.SMS * sk.CLOCK_HZ
+    assert e.issue_s == pytest.approx(550 / 32 * sk.N_SAMPLES / (clk * 4))
+    assert e.fp64_s == pytest.approx(100 / 32 * sk.N_SAMPLES / (clk * 2))
+    assert e.shfl_s == pytest.approx(75 / 32 * sk.N_SAMPLES / clk)
+    assert e.estimate_s == max(e.issue_s, e.fp64_s, e.shfl_s, e.mufu_s) and e.bound == "issue"
+    # the issue's own figures: ~0.28 ms of issue, ~33 us to move 8 B + 8/16 B per sample at 4.3 TB/s
+    assert 250e-6 < e.issue_s < 300e-6
+    assert e.bytes_per_sample == 8.5
+    assert e.memory_s == pytest.approx(8.5 * sk.N_SAMPLES / 4.3e12)
+    assert e.ratio == pytest.approx(e.estimate_s / e.memory_s)
+    # a block kernel: 128 threads on a group of 64 samples doubles the per-sample count
+    assert sk.estimate(per_thread, 128, 64).warp_instr_per_sample == pytest.approx(550 * 2 / 32)
+    assert sk.bytes_per_sample(16, 4, deltas=True) == 12.5
+
+
+def test_variant_for_n_follows_the_launcher():
+    assert sk.cuda_variant_for(8).name == "warp_kernel<8>"
+    assert sk.cuda_variant_for(16).name == "warp_kernel<16>"
+    assert sk.cuda_variant_for(64).name == "block_kernel<128,2>"
+    assert sk.cuda_variant_for(1024).name == "block_kernel<256,4>"
+    assert sk.cuda_variant_for(4096).name == "block_kernel<512,8>"
+    assert sk.triton_block_for(5) == 8 and sk.triton_block_for(1024) == 1024
+
+
+@pytest.mark.skipif(not sk.have_tools(), reason="nvcc or cuobjdump not found")
+def test_quick_run_parses_a_real_cubin(tmp_path):
+    assert sk.main(["--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "static.json").read_text())
+    (k,) = data["kernels"]
+    assert k["variant"] == "warp_kernel<8>" and k["build"] == "grpo/fp32"
+    assert 0 < k["regs"] <= 255 and k["spill_stores"] == 0
+    assert 0 < k["occupancy"] <= 1
+    assert k["static"]["total"] > 100 and k["static"]["shfl"] > 0 and k["static"]["stg"] > 0
+    assert k["weighted"]["total"] >= k["static"]["total"]
+    (row,) = data["estimate"]
+    assert row["n"] == 8 and row["issue_s"] > 0 and row["memory_s"] > 0
+    assert (tmp_path / "REPORT.md").exists() and (tmp_path / "kernels.csv").exists()
+
+
+DIAMOND = """
+\t\tFunction : k
+        /*0000*/                   ISETP.GE.AND P0, PT, R0, RZ, PT ;
+        /*0010*/                @P0 BRA 0x50 ;
+        /*0020*/                   DADD R2, R2, R2 ;
+        /*0030*/                   DADD R2, R2, R2 ;
+        /*0040*/                   BRA 0x70 ;
+        /*0050*/                   MUFU.RCP64H R3, R2 ;
+        /*0060*/                   MOV R1, R2 ;
+        /*0070*/                   STG.E desc[UR4][R2.64], R6 ;
+        /*0080*/               @!P1 BRA.DIV UR4, 0xb0 ;
+        /*0090*/                   SHFL.BFLY PT, R3, R2, 0x1, 0x181f ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   WARPSYNC.COLLECTIVE R35, 0xd0 ;
+        /*00c0*/                   SHFL.BFLY P6, R0, R30, R29, R0 ;
+        /*00d0*/                   ENDCOLLECTIVE ;
+        /*00e0*/                   BRA 0x90 ;
+"""
+
+
+def test_longest_path_takes_the_longer_arm_and_skips_cold_stubs():
+    (instrs,) = sk.parse_sass(DIAMOND).values()
+    c = sk.sass_counts(instrs)
+    assert c.static["total"] == 11 and c.cold == 4
+    # the DADD arm (3 with its BRA) is longer than the MUFU arm (2): 0,1,2,3,4 then 7,8,9,a
+    assert c.path["total"] == 9
+    assert c.path["fp64"] == 2 and c.path["mufu"] == 0 and c.path["shfl"] == 1
+
+
+PTXAS_LOG = """ptxas info    : Compiling entry function '_Z5blockv' for 'sm_90'
+ptxas info    : Function properties for _Z5blockv
+    0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 33792 bytes smem
+ptxas info    : Compiling entry function '_Z4warpv' for 'sm_90'
+ptxas info    : Function properties for _Z4warpv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 44 registers, used 0 barriers
+"""
+
+
+def test_parse_ptxas_log():
+    assert sk.parse_ptxas_spills(PTXAS_LOG) == {"_Z5blockv": (8, 12), "_Z4warpv": (0, 0)}
+    assert sk.parse_ptxas_smem(PTXAS_LOG) == {"_Z5blockv": 33792}
