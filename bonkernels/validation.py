@@ -98,11 +98,9 @@ def check_clamp_delta(clamp_delta, est: estimators.Estimator) -> Optional[float]
 
 
 def resolve_clip(clip, est: estimators.Estimator) -> Tuple[float, float]:
-    """``(lo, hi)`` of real numbers with lo <= hi; bon_rlb's default bound when None."""
+    """``(lo, hi)`` of real numbers with lo <= hi; the estimator's default clip (or none) when None."""
     if clip is None:
-        if est.name == "bon_rlb":
-            return estimators.BON_RLB_DEFAULT_CLIP
-        return (-math.inf, math.inf)
+        return est.default_clip if est.default_clip is not None else (-math.inf, math.inf)
     if isinstance(clip, (str, bytes)) or not hasattr(clip, "__len__") or len(clip) != 2 \
             or not all(is_real_number(c) for c in clip):
         raise ValueError(f"clip must be a (lo, hi) pair of numbers, got {clip!r}")
@@ -199,7 +197,7 @@ def check_values(values: torch.Tensor, layout: GroupLayout, est: estimators.Esti
     check_finite("rewards", values, layout)
     if est.binary:
         check_binary(values, layout, est.name)
-    if est.name == "maxrl":
+    if est.non_negative:
         check_non_negative(values, layout, est.name)
     if deltas is not None:
         check_finite("deltas", deltas, layout)

@@ -102,6 +102,8 @@ DECLARED = {
     ("python_tests/test_triton_interpreter_mixtures.py", "LINEAR"): "bank",
     ("bench/methods.py", "ESTIMATOR_SCALE"): "field:scale",
     ("bench/run.py", "QUICK_ESTIMATORS"): "sample",
+    ("bench/cpu_limits.py", "ESTIMATORS"): "sample",
+    ("bench/static_kernels.py", "ESTIMATORS"): "sample",
     ("bench/report.py", "est_order"): "sample",
     ("bench/gpu_check.py", "names"): "sample",
     ("csrc/tests/test_group_math.cpp", "codes"): "bank",
