@@ -9,13 +9,14 @@ Public API (nothing else is public):
     max_at_k(rewards, k=None, *, k_weights=None, offsets=None, lengths=None, group_ids=None)
     maxrl_weights(T)                          -> (1, 1/2, ..., 1/T): MaxRL's order-T truncation
     anneal_k_weights(k_start, k_end, progress) -> PKPO's k annealing as weights over k
-    policy_loss(logp, old_logp, rewards, k, estimator="maxk_loo1", *, mask=None, offsets=None,
-                group_size=None, ref_logp=None, kl_coef=0.0, clip_eps=0.2, clamp_delta=None,
-                weighting="ppo", loss_agg="token_mean", backend="auto") -> (loss, stats)
+    policy_loss(logp, old_logp, rewards, k, estimator="maxk_loo1", *, k_weights=None, mask=None,
+                offsets=None, group_size=None, group_ids=None, ref_logp=None, kl_coef=0.0,
+                clip_eps=0.2, clamp_delta=None, weighting="ppo", loss_agg="token_mean", eps=1e-6,
+                backend="auto", check_inputs=True) -> (loss, stats)
     maxk_objective(rewards, logratio, k, *, offsets=None, lengths=None, group_ids=None, exact=True)
     ESTIMATORS
 
-See docs/conventions.md for what each estimator computes.
+See docs/conventions.md for what each estimator computes and docs/spec.md for the mathematics.
 """
 
 from .estimators import BON_RLB_DEFAULT_CLIP, ESTIMATORS
