@@ -36,7 +36,7 @@ ESTIMATORS = ("maxk_loo1", "maxk")
 
 def _mixture_backend(backend: str, rewards: torch.Tensor, estimator: str) -> str:
     row = backends.select(backend, rewards.reshape(-1), estimators.get(estimator), rewards.shape[1])
-    return backend if row.takes_bank and backends.accepts_bank(row.impl) else "torch"
+    return backend if row.takes_bank else "torch"
 
 
 def run_cell(G: int, n: int, estimator: str, backend: str, seed: int = 0) -> dict:

@@ -9,7 +9,6 @@ mixture table bank, and how to load it. The rows are in ``auto``'s order of pref
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -150,14 +149,6 @@ TABLE = (
 ROWS = {b.name: b for b in TABLE}
 
 
-def accepts_bank(impl) -> bool:
-    """True when an implementation's signature takes the mixture bank (``bank=``, ``bank_index=``)."""
-    try:
-        return "bank" in inspect.signature(impl).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 # ----------------------------------------------------------------------------- selection
 
 def select(backend: str, values: torch.Tensor, est: estimators.Estimator, max_group_size: Optional[int],
@@ -181,7 +172,7 @@ def select(backend: str, values: torch.Tensor, est: estimators.Estimator, max_gr
     why = row.unavailable()
     if why is not None:
         raise RuntimeError(f"backend={backend!r} is unavailable: {why}")
-    if mixture and not (row.takes_bank and accepts_bank(row.impl)):
+    if mixture and not row.takes_bank:
         raise ValueError(f"backend={backend!r} does not implement mixtures over k (k_weights) yet; "
                          "use backend='torch' or 'auto'")
     return row

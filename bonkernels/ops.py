@@ -11,7 +11,6 @@ from typing import Optional, Tuple
 import torch
 
 from . import backends, estimators, reference, tables, validation
-from .backends import accepts_bank  # noqa: F401  (part of this module's interface)
 from .groups import make_layout
 from .validation import FLOAT_DTYPES
 
