@@ -18,10 +18,10 @@ import warnings
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import bonkernels as bk
 from bonkernels import _native, backends, estimators
+from sync_ops import Recorder, syncs
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CENTRED = ("grpo", "rloo", "dr_grpo", "bon_mean", "chen_passk")
@@ -158,36 +158,6 @@ def test_unsupported_devices_are_named():
 
 # ----------------------------------------------------------------------------- host syncs
 
-class _Recorder(TorchDispatchMode):
-    """Records every aten (and custom) op a call dispatches."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append((func, args))
-        return func(*args, **(kwargs or {}))
-
-
-# ops that read a device tensor's data on the host, or whose output size depends on the data
-_SYNCING = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero", "aten::nonzero_static",
-            "aten::masked_select", "aten::equal", "aten::unique_consecutive", "aten::_unique2", "aten::unique_dim",
-            "aten::_unique", "aten::lift_fresh", "aten::lift_fresh_copy", "aten::allclose"}
-
-
-def _syncs(ops):
-    bad = []
-    for func, args in ops:
-        name = func._schema.name
-        flat = [a for a in args if isinstance(a, (list, tuple))]
-        bool_index = any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for lst in flat for t in lst)
-        if name in _SYNCING or (name in ("aten::index", "aten::index_put", "aten::index_put_") and bool_index) \
-                or (name == "aten::repeat_interleave" and "output_size" not in str(args)):
-            bad.append(name)
-    return bad
-
-
 def _sync_free_calls(device="cpu"):
     r = torch.rand(4, 8, dtype=torch.float32, device=device)
     lengths = torch.tensor([8, 3, 0, 5], device=device)
@@ -207,10 +177,10 @@ def check_sync_free(backend, device="cpu", report=None):
             return bk.advantages(x, backend=backend, check_inputs=False, max_group_size=8,
                                  small_groups="clamp", **kw)
         expected = call()                       # warm: the backend probe, the bank cache
-        rec = _Recorder()
+        rec = Recorder()
         with rec:
             got = call()
-        assert not _syncs(rec.ops), (backend, label, _syncs(rec.ops))
+        assert not syncs(rec.ops), (backend, label, syncs(rec.ops))
         assert torch.equal(got, expected)
         checked = bk.advantages(x, backend=backend, small_groups="clamp", **kw)
         assert torch.equal(got, checked), (backend, label)
@@ -236,11 +206,11 @@ def test_sync_free_auto_picks_the_kernel():
 def test_group_ids_sync_is_documented():
     # The group_ids layout needs the number of distinct ids (a data-dependent size): it syncs once.
     r = torch.rand(8)
-    rec = _Recorder()
+    rec = Recorder()
     with rec:
         bk.advantages(r, 2, group_ids=torch.tensor([0, 1, 0, 1, 2, 2, 2, 2]), check_inputs=False,
                       max_group_size=4, backend="torch")
-    assert "aten::unique_consecutive" in _syncs(rec.ops)
+    assert "aten::unique_consecutive" in syncs(rec.ops)
     assert "group_ids" in bk.advantages.__doc__ and "syncs" in bk.advantages.__doc__
 
 

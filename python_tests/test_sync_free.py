@@ -3,59 +3,28 @@ operation that would synchronise a GPU with the host, so it can be captured in a
 Checked on the CPU by recording every aten op the call dispatches (``bk.advantages`` has the same
 check in test_api_contract.py; the GPU variants use ``torch.cuda.set_sync_debug_mode``).
 
-An op "syncs" when its output size or a Python value depends on tensor data: reading a scalar
-(``_local_scalar_dense``: ``.item()``, ``int()``, ``bool()``), ``nonzero`` and boolean-mask
-indexing, ``unique``, ``repeat_interleave`` without an output size.
+Which ops sync: python_tests/sync_ops.py.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import bonkernels as bk
 from bonkernels import _native
-
-SYNCING = ("aten._local_scalar_dense", "aten.nonzero", "aten.is_nonzero", "aten.item", "aten.unique",
-           "aten._unique", "aten.masked_select", "aten.repeat_interleave", "aten.index.Tensor_bool",
-           "aten.equal", "aten.allclose")
-
-
-class OpRecorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
-        if name == "aten.index" and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool
-                                        for a in _flat(args)):
-            name = "aten.index.Tensor_bool"
-        self.ops.append(name)
-        return func(*args, **(kwargs or {}))
-
-    def syncs(self):
-        return [op for op in self.ops if op.startswith(SYNCING)]
-
-
-def _flat(items):
-    for item in items:
-        if isinstance(item, (list, tuple)):
-            yield from _flat(item)
-        else:
-            yield item
+from sync_ops import Recorder
 
 
 def _record(fn):
     fn()                                  # warm caches (weight tables, banks) outside the recording
-    with OpRecorder() as rec:
+    with Recorder() as rec:
         fn()
     return rec
 
 
 def test_the_recorder_sees_syncs():
-    with OpRecorder() as rec:
+    with Recorder() as rec:
         t = torch.rand(5)
         bool((t > 2).any())
         t[t > 0.5]
