@@ -122,22 +122,9 @@ def main(argv=None) -> int:
             os.makedirs(run_dir, exist_ok=True)
             resume = ["--resume"] if os.path.exists(os.path.join(run_dir, "checkpoint.pt")) else []
             queue.append((name, [*common, "--estimator", estimator, "--seed", str(seed),
-                                 "--out", run_dir, *flags, *resume]))
-    running = []
-    while queue or running:
-        while queue and len(running) < args.jobs:
-            name, run_args = queue.pop(0)
-            proc, log = _launch(run_args, os.path.join(args.runs, name, "log.txt"))
-            running.append((name, proc, log))
-            print(f"[{time.time() - start:5.0f} s] started {name}", flush=True)
-        time.sleep(1.0)
-        for item in list(running):
-            name, proc, log = item
-            if proc.poll() is not None:
-                log.close()
-                running.remove(item)
-                status = "done" if proc.returncode == 0 else f"FAILED ({proc.returncode})"
-                print(f"[{time.time() - start:5.0f} s] {status} {name}", flush=True)
+                                 "--out", run_dir, *flags, *resume],
+                          os.path.join(run_dir, "log.txt"), "bonkernels.train", ()))
+    _schedule(queue, args.jobs, start)        # a failed run is reported and left out of the table
     results = collect(args.runs, args.arms, args.seeds, steps)
     results["settings"] = settings
     results["wall_seconds_this_invocation"] = time.time() - start
