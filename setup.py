@@ -78,7 +78,7 @@ def extensions():
     sources = [rel(os.path.join(csrc, "bindings.cpp")), rel(os.path.join(csrc, "cpu", "advantages_cpu.cpp"))]
     cu_sources = sorted(rel(p) for p in glob.glob(os.path.join(csrc, "cuda", "*.cu")))
     include_dirs = [os.path.join(csrc, "include"), csrc]
-    cxx_flags = ["-O2", "-g0"]  # torch picks the C++ standard its headers need
+    cxx_flags = ["-O3", "-g0"]  # torch picks the C++ standard its headers need
     link_flags = []
     if "OpenMP" in torch.__config__.parallel_info() and sys.platform != "darwin":
         # at::parallel_for is header code: without -fopenmp its `omp parallel` is ignored and the

@@ -8,10 +8,65 @@
 #include <type_traits>
 #include <vector>
 
+#include "bonkernels/lane_exec.h"
 #include "bonkernels/serial_exec.h"
 
 namespace bk {
 namespace {
+
+// The ascending order of one group's rewards: x[s] the s-th smallest, src[s] its index in the group
+// (any order for the order-free estimators). Floats narrower than double sort as packed
+// (orderable bits, index) words through a branch-free network; doubles by sort_pairs.
+template <typename scalar_t, class Vec>
+void sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_t* src,
+                  std::vector<std::pair<double, int32_t>>& pairs,
+                  std::vector<std::pair<uint64_t, int32_t>>* radix_buffer = nullptr) {
+  if (order_free_code) {
+    for (int i = 0; i < n; ++i) x[i] = double(v[i]), src[i] = i;
+  } else if (!std::is_same<scalar_t, double>::value && n <= kNetworkSortMax) {
+    uint64_t packed[kNetworkSortMax];
+    for (int i = 0; i < n; ++i) packed[i] = (uint64_t(orderable_bits32(float(v[i]))) << 32) | uint32_t(i);
+    network_sort_packed(packed, n);
+    for (int s = 0; s < n; ++s) {
+      src[s] = int32_t(uint32_t(packed[s]));
+      x[s] = double(v[src[s]]);
+    }
+  } else {
+    if (pairs.size() < size_t(n)) pairs.resize(n);
+    for (int i = 0; i < n; ++i) pairs[i] = {double(v[i]), int32_t(i)};
+    sort_pairs(pairs.data(), n, radix_buffer);
+    for (int s = 0; s < n; ++s) x[s] = pairs[s].first, src[s] = pairs[s].second;
+  }
+}
+
+// The deltas in sorted order, clamped in the input dtype as the reference does; a non-finite delta
+// becomes NaN (it poisons its group: the NaN contract; the clamp must not hide it).
+template <typename scalar_t, class Vec>
+void sorted_deltas(const scalar_t* d, int n, const int32_t* src, const Params& p, Vec& delta) {
+  for (int s = 0; s < n; ++s) {
+    double dl = double(d[src[s]]);
+    if (!std::isfinite(dl)) dl = BK_NAN;
+    else if (p.has_clamp) {
+      dl = dl < -p.clamp_delta ? -p.clamp_delta : (dl > p.clamp_delta ? p.clamp_delta : dl);
+      dl = double(static_cast<scalar_t>(dl));
+    }
+    delta[s] = dl;
+  }
+}
+
+// One group of n <= W samples on the lane executor (the code of the CUDA small-group kernel).
+template <int W, typename scalar_t>
+void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p,
+                std::vector<std::pair<double, int32_t>>& pairs) {
+  LaneExec<W> ex;
+  ex.n = n;
+  typename LaneExec<W>::Vec x, delta;
+  int32_t src[W];
+  sorted_order(v, n, order_free(p.code), x, src, pairs);
+  if (d != nullptr) sorted_deltas(d, n, src, p, delta);
+  compute_group(ex, p, x, delta);
+  for (int s = 0; s < n; ++s) out[src[s]] = static_cast<scalar_t>(ex.out[s]);
+}
 
 template <typename scalar_t>
 void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* deltas, scalar_t* out,
@@ -23,6 +78,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
     SerialExec ex;
     std::vector<std::pair<double, int32_t>> pairs;
     std::vector<std::pair<uint64_t, int32_t>> radix_buffer;
+    std::vector<int32_t> src;
     SerialExec::Vec x, delta;
     for (int64_t g = g_begin; g < g_end; ++g) {
       const int64_t base = offsets[g];
@@ -33,41 +89,24 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
         continue;
       }
       const int n = int(size);
-      ex.begin_group(n);
-      ex.alloc(x);
-      ex.alloc(delta);
-      if (pairs.size() < size_t(n)) pairs.resize(n);
-      if (order_free(p.code)) {  // reductions only: any order will do
-        for (int i = 0; i < n; ++i) pairs[i] = {double(values[base + i]), int32_t(i)};
-      } else if (!std::is_same<scalar_t, double>::value && n <= kNetworkSortMax) {
-        uint64_t packed[kNetworkSortMax];  // float bits and index in one word: a branch-free network
-        for (int i = 0; i < n; ++i)
-          packed[i] = (uint64_t(orderable_bits32(float(values[base + i]))) << 32) | uint32_t(i);
-        network_sort_packed(packed, n);
-        for (int s = 0; s < n; ++s) {
-          const int32_t i = int32_t(uint32_t(packed[s]));
-          pairs[s] = {double(values[base + i]), i};
-        }
+      const scalar_t* d = off_policy ? deltas + base : nullptr;
+      if (n <= 8) {
+        lane_group<8>(values + base, d, out + base, n, p, pairs);
+      } else if (n <= 16) {
+        lane_group<16>(values + base, d, out + base, n, p, pairs);
+      } else if (n <= kLaneWidthMax) {
+        lane_group<kLaneWidthMax>(values + base, d, out + base, n, p, pairs);
       } else {
-        for (int i = 0; i < n; ++i) pairs[i] = {double(values[base + i]), int32_t(i)};
-        sort_pairs(pairs.data(), n, &radix_buffer);
+        ex.begin_group(n);
+        ex.alloc(x);
+        ex.alloc(delta);
+        if (src.size() < size_t(n)) src.resize(n);
+        sorted_order(values + base, n, order_free(p.code), x, src.data(), pairs, &radix_buffer);
+        if (d != nullptr) sorted_deltas(d, n, src.data(), p, delta);  // (only the off-policy estimators read delta)
+        compute_group(ex, p, x, delta);
+        const double* v = ex.values();
+        for (int s = 0; s < n; ++s) out[base + src[s]] = static_cast<scalar_t>(v[s]);
       }
-      for (int s = 0; s < n; ++s) x[s] = pairs[s].first;
-      if (off_policy) {
-        for (int s = 0; s < n; ++s) {
-          double dl = double(deltas[base + pairs[s].second]);
-          // A non-finite delta poisons its group (the NaN contract); the clamp must not hide it.
-          if (!std::isfinite(dl)) dl = BK_NAN;
-          else if (p.has_clamp) {  // clamp in the input dtype, as the reference does
-            dl = dl < -p.clamp_delta ? -p.clamp_delta : (dl > p.clamp_delta ? p.clamp_delta : dl);
-            dl = double(static_cast<scalar_t>(dl));
-          }
-          delta[s] = dl;
-        }
-      }  // (only the off-policy estimators read delta)
-      compute_group(ex, p, x, delta);
-      const double* v = ex.values();
-      for (int s = 0; s < n; ++s) out[base + pairs[s].second] = static_cast<scalar_t>(v[s]);
     }
   });
 }

@@ -9,6 +9,10 @@
 
 #if defined(__CUDACC__)
 #define BK_HD __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+// Forced on the host too: the executors' loops take the estimators' lambdas, and only a fully
+// inlined compute_group lets the compiler keep the group in registers and drop the calls.
+#define BK_HD inline __attribute__((always_inline))
 #else
 #define BK_HD inline
 #endif
