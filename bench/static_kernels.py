@@ -12,8 +12,12 @@ CUDA: csrc/cuda/advantages.cu is compiled with bare nvcc to an sm_90 cubin with 
 setup.py's bare-nvcc route (-O3 -std=c++17 --expt-relaxed-constexpr). Builds:
   * ``default``: exactly what ships (every estimator and dtype behind run-time switches);
   * ``<estimator>/fp32``: -DBK_STATIC_ESTIMATOR_CODE=<code> -DBK_STATIC_FP32 (opt-in macros of
-    advantages.cu; never set by a real build): one estimator, float32, no mixture bank, so the
-    compiler drops every other branch and the SASS is close to that estimator's path.
+    advantages.cu; never set by a real build): one estimator, float32, so the compiler drops
+    every other branch and the SASS is close to that estimator's path. The path is the one a
+    single-k call on [G, n] rewards takes: -DBK_STATIC_FULL_GROUPS (groups fill the small-group
+    kernel's slots) and, for the estimators linear in their tables, -DBK_STATIC_BANKED (the host
+    passes one k's table bank; bonkernels/tables.py single_k_bank). A revision without those
+    macros (--source-rev) builds without them: its kernels computed the tables in the kernel.
 Registers, stack, local (spill) memory and static shared memory come from ``cuobjdump -res-usage``
 (spill bytes from ``ptxas -v``), SASS from ``cuobjdump -sass``.
 
@@ -115,7 +119,13 @@ class CudaVariant:
     n_hi: int
 
 
+# Every kernel shape bk_cuda_advantages has launched, in the launcher's order of preference: the
+# small-group (one thread per group) kernels of the size-bucketed launcher, and the sub-warp kernels
+# for n <= 16 they replaced (kept to read older revisions, --source-rev). A build is reported with
+# the variants its cubin holds.
 CUDA_VARIANTS = (
+    CudaVariant("thread_kernel<8>", "thread_kernelILi8EE", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16>", "thread_kernelILi16EE", 128, 1, 9, 16),
     CudaVariant("warp_kernel<8>", "warp_kernelILi8EE", 256, 8, 1, 8),
     CudaVariant("warp_kernel<16>", "warp_kernelILi16EE", 256, 16, 9, 16),
     CudaVariant("warp_kernel<32>", "warp_kernelILi32EE", 256, 32, 17, 32),
@@ -127,10 +137,13 @@ CUDA_VARIANTS = (
 )
 
 
-def cuda_variant_for(n: int) -> CudaVariant:
-    """The kernel bk_cuda_advantages launches for max_group_size = n (advantages.cu's launcher)."""
+def cuda_variant_for(n: int, present=None) -> CudaVariant:
+    """The kernel the launcher runs for the groups of a batch with max_group_size = n, among the
+    variants ``present`` in a build (default: all). With n > 16 the size-bucketed launcher also
+    starts the small-group kernel, which then only reads two offsets per group and skips it: the
+    estimate leaves that out."""
     for v in CUDA_VARIANTS:
-        if v.n_lo <= n <= v.n_hi:
+        if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
             return v
     raise ValueError(f"no CUDA kernel for n = {n}")
 
@@ -552,7 +565,8 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
     for v in variants:
         name = next((f for f in funcs if v.pattern in f), None)
         if name is None:
-            raise RuntimeError(f"{v.name} not in the cubin")
+            continue  # a shape of another revision of the launcher
+
         r = res[name]
         st, ld = spills.get(name, (0, 0))
         c = sass_counts(funcs[name])
@@ -560,7 +574,19 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
         blocks, occ = occupancy(r.regs, shared, v.block_threads)
         rows.append(KernelRow("cuda", v.name, build, v.block_threads, v.group_threads, r.regs, st, ld, r.local,
                               shared, blocks, occ, _loops_text(c.loops), c.cold, c.static, c.weighted, c.path))
+    if not rows:
+        raise RuntimeError(f"none of the known kernels is in {cubin}")
     return rows
+
+
+def estimator_defines(name: str) -> list[str]:
+    """The analysis macros of a ``<estimator>/fp32`` build (see the module docstring)."""
+    from bonkernels import estimators, tables
+
+    defines = [f"BK_STATIC_ESTIMATOR_CODE={estimators.get(name).code}", "BK_STATIC_FP32", "BK_STATIC_FULL_GROUPS"]
+    if name in tables.BANK_ESTIMATORS:
+        defines.append("BK_STATIC_BANKED")
+    return defines
 
 
 def _loops_text(loops) -> str:
@@ -647,10 +673,13 @@ def triton_block_for(n: int) -> int:
 def estimate_rows(kernels: list[KernelRow], ns=NS) -> list[dict]:
     """One row per (n, backend, build): the variant the launcher picks for n, and its estimate."""
     out = []
+    present = {}
+    for k in kernels:
+        present.setdefault(k.build, set()).add(k.variant)
     for n in ns:
         for k in kernels:
             if k.backend == "cuda":
-                if k.variant != cuda_variant_for(n).name:
+                if k.variant != cuda_variant_for(n, present[k.build]).name:
                     continue
             elif not k.variant.startswith(f"triton BLOCK={triton_block_for(n)} "):
                 continue
@@ -764,7 +793,7 @@ def _meta(options: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(BENCH_DIR, "results", "static_sm90"))
-    ap.add_argument("--quick", action="store_true", help="one small build (grpo/fp32), warp_kernel<8> only")
+    ap.add_argument("--quick", action="store_true", help="one small build (grpo/fp32), thread_kernel<8> only")
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--triton-budget-s", type=float, default=900)
     ap.add_argument("--keep", action="store_true", help="keep the cubins and PTX (in <out>/build)")
@@ -782,8 +811,7 @@ def main(argv=None) -> int:
     kernels: list[KernelRow] = []
     try:
         if a.quick:
-            code = estimators.get("grpo").code
-            kernels += cuda_rows("grpo/fp32", [f"BK_STATIC_ESTIMATOR_CODE={code}", "BK_STATIC_FP32"], work,
+            kernels += cuda_rows("grpo/fp32", estimator_defines("grpo"), work,
                                  variants=CUDA_VARIANTS[:1])
         else:
             csrc = None
@@ -800,9 +828,7 @@ def main(argv=None) -> int:
             if not has_macros:
                 print("[static] this advantages.cu has no BK_STATIC_* macros: default build only", flush=True)
             for name in ESTIMATORS if has_macros else ():
-                code = estimators.get(name).code
-                kernels += cuda_rows(f"{name}/fp32", [f"BK_STATIC_ESTIMATOR_CODE={code}", "BK_STATIC_FP32"], work,
-                                     csrc=csrc)
+                kernels += cuda_rows(f"{name}/fp32", estimator_defines(name), work, csrc=csrc)
             if not a.no_triton:
                 t0 = time.perf_counter()
                 kernels += triton_rows(work=work, budget_s=a.triton_budget_s)

@@ -97,10 +97,15 @@ def advantages(rewards: torch.Tensor, k: Optional[int] = None, estimator: str = 
         return layout.unpack(_sum_over_k(values, layout, packed_deltas, weights, est, params))
     row = backends.select(backend, values, est, max_group_size, mixture=weights is not None)
     bank = {}
+    full_size = rewards.shape[1] if layout.kind == "full" else None
     if weights is not None:
-        sizes = tables.bank_sizes(layout.offsets, max_group_size,
-                                  rewards.shape[1] if layout.kind == "full" else None)
+        sizes = tables.bank_sizes(layout.offsets, max_group_size, full_size)
         bank["bank"], bank["bank_index"] = tables.build_bank(est.name, weights, sizes, small_code, values.device)
+    elif row.name in tables.SINGLE_K_BANK_BACKENDS and est.name in tables.BANK_ESTIMATORS:
+        # One k's tables, built once per (estimator, k, sizes) and cached, instead of per group.
+        one_k = tables.single_k_bank(est.name, params.k, max_group_size, full_size, small_code, values.device)
+        if one_k is not None:
+            bank["bank"], bank["bank_index"] = one_k
     return layout.unpack(backends.run(row, values, layout.offsets, packed_deltas, params, **bank))
 
 

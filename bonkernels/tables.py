@@ -44,6 +44,10 @@ BANK_ESTIMATORS = tuple(name for name in MIXABLE_ESTIMATORS
 # The reference-only ones (maxk_offpolicy_exact): a mixture is the weighted sum of single-k calls.
 SUM_OVER_K_ESTIMATORS = tuple(name for name in MIXABLE_ESTIMATORS if name not in BANK_ESTIMATORS)
 
+# The native kernels read one k's tables from a bank too (single_k_bank): the tables are built once
+# per call shape and cached, instead of per group in the kernel. (Triton builds its own in-kernel.)
+SINGLE_K_BANK_BACKENDS = ("cpu", "cuda")
+
 # With a known max_group_size up to this bound, the bank holds every size 1..max_group_size, so
 # building it needs no look at the (possibly GPU-resident) group sizes.
 ALL_SIZES_BOUND = 64
@@ -241,6 +245,7 @@ class _LRU:
 
 _blocks = _LRU(_CACHE_SIZE)      # (estimator, n, weights, small_groups) -> host float64 block
 _banks = _LRU(_CACHE_SIZE)       # (estimator, sizes, weights, small_groups, device) -> (bank, index)
+_single_k_banks = _LRU(_CACHE_SIZE)  # (estimator, k, largest size, full, small_groups, device) -> (bank, index)
 
 
 def size_block(estimator: str, n: int, weights: Tuple[float, ...], small_groups: int) -> torch.Tensor:
@@ -255,6 +260,7 @@ def size_block(estimator: str, n: int, weights: Tuple[float, ...], small_groups:
 def clear_cache() -> None:
     _blocks.clear()
     _banks.clear()
+    _single_k_banks.clear()
 
 
 # ----------------------------------------------------------------------------- the bank of a batch
@@ -293,6 +299,23 @@ def build_bank(estimator: str, weights: Tuple[float, ...], sizes: Tuple[int, ...
         bank = torch.cat(blocks) if blocks else torch.zeros(1, dtype=torch.float64)
         return bank.to(device), index.to(device)
     return _banks.get((est.name, tuple(sorted(set(sizes))), weights, small_groups, str(device)), make)
+
+
+def single_k_bank(estimator: str, k: int, max_group_size: Optional[int], full_size: Optional[int],
+                  small_groups: int, device: torch.device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The bank of one k (the weighting with all its weight on k), when the group sizes are known
+    without looking at the data (a full [G, n] layout, or a bound up to ALL_SIZES_BOUND) and some
+    group can hold k; else None (the kernels then build the tables per group)."""
+    if full_size is None and (max_group_size is None or max_group_size > ALL_SIZES_BOUND):
+        return None
+    largest = full_size if full_size is not None else max_group_size
+    if largest is None or k > largest or k < 1:
+        return None
+
+    def make():
+        weights = (0.0,) * (k - 1) + (1.0,)
+        return build_bank(estimator, weights, bank_sizes(None, max_group_size, full_size), small_groups, device)
+    return _single_k_banks.get((estimator, k, largest, full_size is not None, small_groups, str(device)), make)
 
 
 def small_groups_name(code: int) -> str:

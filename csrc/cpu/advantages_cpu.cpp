@@ -54,18 +54,52 @@ void sorted_deltas(const scalar_t* d, int n, const int32_t* src, const Params& p
   }
 }
 
+// The ascending order of a group of n <= W rewards with the lane sorts (the CUDA small-group
+// kernel's code): x[s] the s-th smallest, src[s] its index in the group.
+template <int W, typename scalar_t, class Vec>
+void lane_sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_t* src) {
+  if (order_free_code) {
+    for (int i = 0; i < n; ++i) x[i] = double(v[i]), src[i] = i;
+  } else if (!std::is_same<scalar_t, double>::value) {
+    uint64_t keys[W];  // (orderable float bits, index) in one word; padding sorts last
+    for (int i = 0; i < W; ++i)
+      keys[i] = i < n ? (uint64_t(orderable_f32(float(v[i]))) << 32) | uint32_t(i) : ~uint64_t(0);
+    lane_sort_keys<W>(keys);
+    for (int s = 0; s < n; ++s) {
+      src[s] = int32_t(uint32_t(keys[s]));
+      x[s] = double(from_orderable_f32(uint32_t(keys[s] >> 32)));
+    }
+  } else {
+    uint64_t keys[W];
+    int idx[W];
+    for (int i = 0; i < W; ++i) {
+      keys[i] = i < n ? orderable_f64(double(v[i])) : ~uint64_t(0);
+      idx[i] = i;
+    }
+    lane_sort_pairs<W>(keys, idx);
+    for (int s = 0; s < n; ++s) src[s] = idx[s], x[s] = from_orderable_f64(keys[s]);
+  }
+}
+
 // One group of n <= W samples on the lane executor (the code of the CUDA small-group kernel).
-template <int W, typename scalar_t>
-void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p,
-                std::vector<std::pair<double, int32_t>>& pairs) {
-  LaneExec<W> ex;
-  ex.n = n;
-  typename LaneExec<W>::Vec x, delta;
+template <int W, bool kFull, typename scalar_t>
+void lane_group_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
+  using Ex = LaneExec<W, SlotValues<W>, kFull>;
+  Ex ex;
+  ex.set_size(n);
+  typename Ex::Vec x, delta;
   int32_t src[W];
-  sorted_order(v, n, order_free(p.code), x, src, pairs);
+  lane_sorted_order<W>(v, n, order_free(p.code), x, src);
   if (d != nullptr) sorted_deltas(d, n, src, p, delta);
   compute_group(ex, p, x, delta);
-  for (int s = 0; s < n; ++s) out[src[s]] = static_cast<scalar_t>(ex.out[s]);
+  for (int s = 0; s < n; ++s) out[src[s]] = static_cast<scalar_t>(ex.sink.v[s]);
+}
+
+// A group of exactly W samples takes the variant with the size a constant (no masks).
+template <int W, typename scalar_t>
+void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
+  if (n == W) lane_group_sized<W, true>(v, d, out, n, p);
+  else lane_group_sized<W, false>(v, d, out, n, p);
 }
 
 template <typename scalar_t>
@@ -91,11 +125,11 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       const int n = int(size);
       const scalar_t* d = off_policy ? deltas + base : nullptr;
       if (n <= 8) {
-        lane_group<8>(values + base, d, out + base, n, p, pairs);
+        lane_group<8>(values + base, d, out + base, n, p);
       } else if (n <= 16) {
-        lane_group<16>(values + base, d, out + base, n, p, pairs);
+        lane_group<16>(values + base, d, out + base, n, p);
       } else if (n <= kLaneWidthMax) {
-        lane_group<kLaneWidthMax>(values + base, d, out + base, n, p, pairs);
+        lane_group<kLaneWidthMax>(values + base, d, out + base, n, p);
       } else {
         ex.begin_group(n);
         ex.alloc(x);

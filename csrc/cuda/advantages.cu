@@ -1,12 +1,17 @@
 // CUDA kernels of the fused advantages op. Torch-free: CUB and the CUDA runtime only, so this file
 // compiles with bare nvcc (see launch.h for the extern "C" entry point).
 //
-// One launch per call, shaped by the largest group size (a host-side bound):
-//   * n <= 32:   sub-warp executor, W = 8, 16 or 32 lanes per group (32/W groups per warp): one
-//                element per lane, bitonic sort with shuffles, shuffle scans and reductions;
-//   * n <= 4096: block executor, one block per group: cub::BlockRadixSort, then per-thread serial
-//                scans over ITEMS consecutive ranks combined across threads with shuffles and a
-//                tiny shared array of warp totals (no bank conflicts: one word per warp).
+// Size buckets, by the launch's bound on the group size (a host-side hint, guards.h):
+//   * n <= 16:   one thread per group (thread_kernel<8 or 16>): the lane executor of the CPU
+//                kernel's small-group path (lane_exec.h), the group in registers, a bitonic network
+//                on packed (float bits, index) keys; every launch starts with it;
+//   * n <= 32:   then the sub-warp executor for the groups of 17..32 samples: 32 lanes per group,
+//                one element per lane, bitonic sort with shuffles, shuffle scans and reductions;
+//   * n <= 4096: or the block executor, one block per group of more than 16: cub::BlockRadixSort,
+//                then per-thread serial scans over ITEMS consecutive ranks combined across threads
+//                with shuffles and a tiny shared array of warp totals (one word per warp).
+// Weight tables: a linear estimator reads the call's table bank when it has one (built once per
+// call on the host, cached); the others build their table per group.
 // Safety with check_inputs=False (guards.h): every group is classified from its offsets before any
 // read (malformed or larger than the launch's bound: NaN-filled inside the output, nothing read);
 // a group with a NaN/inf reward (or raw delta) is NaN-filled by source index; every store goes
@@ -21,6 +26,7 @@
 
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
+#include "bonkernels/lane_exec.h"
 #include "cuda/guards.h"
 #include "cuda/launch.h"
 
@@ -29,7 +35,8 @@ namespace cuda {
 
 // Static-analysis builds only (bench/static_kernels.py; never set by setup.py, CMake or CI): with
 // -DBK_STATIC_ESTIMATOR_CODE=<code> the kernels take that estimator code instead of p.code (and
-// with -DBK_STATIC_FP32 the float32 element type and no mixture bank), so the compiler drops every
+// with -DBK_STATIC_FP32 the float32 element type and no table bank, or with -DBK_STATIC_BANKED
+// too, always a bank: the tables a single-k call reads when the host passes one), so the compiler drops every
 // other branch and the SASS holds one estimator's path. Undefined (every real build): no effect.
 #if defined(BK_STATIC_ESTIMATOR_CODE) || defined(BK_STATIC_FP32)
 #define BK_STATIC_SPECIALISE(dtype, p) bk_static_specialise(dtype, p)
@@ -37,13 +44,22 @@ __device__ __forceinline__ void bk_static_specialise(int& dtype, Params& p) {
 #if defined(BK_STATIC_ESTIMATOR_CODE)
   p.code = BK_STATIC_ESTIMATOR_CODE;
 #endif
+#if defined(BK_STATIC_FP32) && !defined(BK_STATIC_BANKED)
+  p.bank = nullptr;
+#endif
 #if defined(BK_STATIC_FP32)
   dtype = BK_FLOAT32;
-  p.bank = nullptr;
 #endif
 }
 #else
 #define BK_STATIC_SPECIALISE(dtype, p) ((void)0)
+#endif
+// Analysis only as well: -DBK_STATIC_FULL_GROUPS keeps only the small-group kernel's path for
+// groups that fill its W slots (the [G, n] batches the estimate models).
+#if defined(BK_STATIC_FULL_GROUPS)
+constexpr bool kStaticFullGroups = true;
+#else
+constexpr bool kStaticFullGroups = false;
 #endif
 
 // ----------------------------------------------------------------------------- element access
@@ -228,7 +244,7 @@ template <int W>
 __global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __restrict__ values,
                                                    const int64_t* __restrict__ offsets,
                                                    const void* __restrict__ deltas, void* __restrict__ out,
-                                                   int64_t num_groups, int64_t total, Params p) {
+                                                   int64_t num_groups, int64_t total, Params p, int n_lo) {
   BK_STATIC_SPECIALISE(dtype, p);
   const int lane32 = threadIdx.x & 31;
   const int lane = lane32 % W;
@@ -239,7 +255,7 @@ __global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __rest
   ex.n = 0;
   ex.base = 0;
   if (g < num_groups) {  // uniform per segment
-    const GroupSpan span = classify_group(offsets[g], offsets[g + 1], total, W);
+    const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, n_lo, W, W);
     if (span.action == GROUP_COMPUTE) {
       ex.base = span.lo;
       ex.n = int(span.hi - span.lo);
@@ -450,7 +466,7 @@ template <int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* __restrict__ values,
                                                       const int64_t* __restrict__ offsets,
                                                       const void* __restrict__ deltas, void* __restrict__ out,
-                                                      int64_t num_groups, int64_t total, Params p) {
+                                                      int64_t num_groups, int64_t total, Params p, int n_lo) {
   BK_STATIC_SPECIALISE(dtype, p);
   using Sort = cub::BlockRadixSort<double, BLOCK, ITEMS, int>;
   __shared__ union {
@@ -459,7 +475,8 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
   } smem;
   const int64_t g = blockIdx.x;
   if (g >= num_groups) return;  // uniform per block
-  const GroupSpan span = classify_group(offsets[g], offsets[g + 1], total, int64_t(BLOCK) * ITEMS);
+  const int64_t cap = int64_t(BLOCK) * ITEMS;
+  const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, n_lo, cap, cap);
   if (span.action != GROUP_COMPUTE) {  // uniform per block
     if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, threadIdx.x, BLOCK);
     return;
@@ -506,15 +523,101 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
   compute_group(ex, p, x, delta);
 }
 
+// ----------------------------------------------------------------------------- small-group kernel
+
+// Where the lane executor's final values go on the device: straight to the output, by source index.
+template <int W>
+struct OutputSink {
+  int idx[W];  // source index (within the group) of sorted slot s
+  int n;
+  int64_t base;
+  void* out;
+  int dtype;
+  __device__ __forceinline__ void operator()(int s, double v) {
+    if (idx[s] < n) store_value(dtype, out, base + idx[s], v);  // a permutation: always true
+  }
+};
+
+// One group of n <= W samples at span.lo (kFull: n == W, the size a compile-time constant).
+template <int W, bool kFull>
+__device__ __forceinline__ void thread_group(int dtype, const void* __restrict__ values, const void* __restrict__ deltas,
+                                             void* __restrict__ out, const Params& p, const GroupSpan& span, int n) {
+  const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
+  using Ex = LaneExec<W, OutputSink<W>, kFull>;
+  Ex ex;
+  ex.set_size(n);
+  ex.sink.n = n;
+  ex.sink.base = span.lo;
+  ex.sink.out = out;
+  ex.sink.dtype = dtype;
+  typename Ex::Vec x, delta;
+  // Load and sort: (orderable bits, index) keys, padded past n with the largest key. A group with a
+  // non-finite reward or raw delta is NaN-filled by source index (the NaN contract), unsorted.
+  uint64_t key[W];
+  bool bad = false;
+  BK_UNROLL
+  for (int i = 0; i < W; ++i) {
+    const double v = i < n ? load_value(dtype, values, span.lo + i) : 0.0;
+    bad = bad || (i < n && !finite_value(v));
+    if (off_policy && i < n) bad = bad || !finite_value(load_value(dtype, deltas, span.lo + i));
+    ex.sink.idx[i] = i;
+    if (dtype == BK_FLOAT64)
+      key[i] = i < n ? orderable_f64(v) : ~uint64_t(0);
+    else  // a float's 32 bits and the index in one word: one compare per exchange
+      key[i] = i < n ? (uint64_t(orderable_f32(float(v))) << 32) | uint32_t(i) : ~uint64_t(0);
+  }
+  if (bad) {
+    nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+    return;
+  }
+  if (!order_free(p.code)) {
+    if (dtype == BK_FLOAT64) lane_sort_pairs<W>(key, ex.sink.idx);
+    else lane_sort_keys<W>(key);
+  }
+  BK_UNROLL
+  for (int s = 0; s < W; ++s) {
+    if (dtype == BK_FLOAT64) {
+      x[s] = from_orderable_f64(key[s]);
+    } else {
+      x[s] = double(from_orderable_f32(uint32_t(key[s] >> 32)));
+      ex.sink.idx[s] = int(uint32_t(key[s]));
+    }
+    delta[s] = (off_policy && s < n) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
+  }
+  compute_group(ex, p, x, delta);
+}
+
+// One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
+// of the CPU kernel's small-group path, with the group in registers. No shuffles, no shared memory.
+// Groups of size in (W, bound] are left to the launch's second kernel (size buckets, guards.h).
+template <int W>
+__global__ void __launch_bounds__(128) thread_kernel(int dtype, const void* __restrict__ values,
+                                                     const int64_t* __restrict__ offsets,
+                                                     const void* __restrict__ deltas, void* __restrict__ out,
+                                                     int64_t num_groups, int64_t total, Params p, int64_t bound) {
+  BK_STATIC_SPECIALISE(dtype, p);
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= num_groups) return;
+  const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, 0, W, bound);
+  if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+  if (span.action != GROUP_COMPUTE) return;
+  const int n = int(span.hi - span.lo);
+  if (kStaticFullGroups || n == W) thread_group<W, true>(dtype, values, deltas, out, p, span, n);
+  else thread_group<W, false>(dtype, values, deltas, out, p, span, n);
+}
+
 // ----------------------------------------------------------------------------- launcher
 
-template <class Kernel>
+template <class Kernel, class Extra>
 cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, int dtype,
                    const void* values, const int64_t* offsets, const void* deltas, void* out, int64_t num_groups,
-                   int64_t total, const Params& p) {
-  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p);
+                   int64_t total, const Params& p, Extra extra) {
+  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p, extra);
   return cudaGetLastError();
 }
+
+// Group sizes the small-group kernel takes (registers: thread_kernel<32> would spill).
+constexpr int kThreadKernelMax = 16;
 
 }  // namespace cuda
 }  // namespace bk
@@ -534,17 +637,25 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
     return int(cudaErrorInvalidValue);
   }
   const int n = max_group_size;
-  cudaError_t rc;
-  auto warp_blocks = [&](int w) { return unsigned((num_groups * w + 255) / 256); };
+  // Size buckets (guards.h): groups of up to 16 samples run one per thread; when the bound is
+  // larger, a second kernel shaped by it takes the groups above 16 (the small ones skip it).
+  const int cap = n <= 8 ? 8 : n <= kThreadKernelMax ? kThreadKernelMax : n <= 32 ? 32 : n <= 256 ? 256 : n <= 512 ? 512
+                : n <= 1024 ? 1024 : n <= 2048 ? 2048 : 4096;
+  const unsigned thread_blocks = unsigned((num_groups + 127) / 128);
+  const unsigned warp32_blocks = unsigned((num_groups * 32 + 255) / 256);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
-  if (n <= 8) rc = launch(warp_kernel<8>, warp_blocks(8), 256, BK_ARGS);
-  else if (n <= 16) rc = launch(warp_kernel<16>, warp_blocks(16), 256, BK_ARGS);
-  else if (n <= 32) rc = launch(warp_kernel<32>, warp_blocks(32), 256, BK_ARGS);
-  else if (n <= 256) rc = launch(block_kernel<128, 2>, unsigned(num_groups), 128, BK_ARGS);
-  else if (n <= 512) rc = launch(block_kernel<128, 4>, unsigned(num_groups), 128, BK_ARGS);
-  else if (n <= 1024) rc = launch(block_kernel<256, 4>, unsigned(num_groups), 256, BK_ARGS);
-  else if (n <= 2048) rc = launch(block_kernel<256, 8>, unsigned(num_groups), 256, BK_ARGS);
-  else rc = launch(block_kernel<512, 8>, unsigned(num_groups), 512, BK_ARGS);
+  cudaError_t rc;
+  if (n <= 8) rc = launch(thread_kernel<8>, thread_blocks, 128, BK_ARGS, int64_t(cap));
+  else rc = launch(thread_kernel<kThreadKernelMax>, thread_blocks, 128, BK_ARGS, int64_t(cap));
+  const int lo = kThreadKernelMax;
+  if (rc == cudaSuccess && n > kThreadKernelMax) {
+    if (n <= 32) rc = launch(warp_kernel<32>, warp32_blocks, 256, BK_ARGS, lo);
+    else if (n <= 256) rc = launch(block_kernel<128, 2>, unsigned(num_groups), 128, BK_ARGS, lo);
+    else if (n <= 512) rc = launch(block_kernel<128, 4>, unsigned(num_groups), 128, BK_ARGS, lo);
+    else if (n <= 1024) rc = launch(block_kernel<256, 4>, unsigned(num_groups), 256, BK_ARGS, lo);
+    else if (n <= 2048) rc = launch(block_kernel<256, 8>, unsigned(num_groups), 256, BK_ARGS, lo);
+    else rc = launch(block_kernel<512, 8>, unsigned(num_groups), 512, BK_ARGS, lo);
+  }
 #undef BK_ARGS
   if (rc != cudaSuccess && err) snprintf(err, errlen, "%s: %s", cudaGetErrorName(rc), cudaGetErrorString(rc));
   return int(rc);

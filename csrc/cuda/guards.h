@@ -44,6 +44,19 @@ BK_HD GroupSpan classify_group(int64_t begin, int64_t end, int64_t total, int64_
   return {lo, hi, GROUP_NAN_FILL};
 }
 
+// Size buckets: a launch may run two kernels over the batch, the small-group kernel for groups of
+// at most n_small samples (one thread per group), then the kernel shaped by the launch's bound for
+// the larger ones. Of a group, a kernel computes it when its size lies in (n_lo, n_hi] and skips it
+// otherwise; only the first kernel (n_lo = 0) NaN-fills the malformed groups and those above the
+// bound, so each output is written by exactly one kernel.
+BK_HD GroupSpan bucket_group(int64_t begin, int64_t end, int64_t total, int64_t n_lo, int64_t n_hi, int64_t bound) {
+  GroupSpan span = classify_group(begin, end, total, bound);
+  const int64_t n = span.hi - span.lo;
+  if (span.action == GROUP_COMPUTE && !(n > n_lo && n <= n_hi)) span.action = GROUP_SKIP;
+  if (span.action == GROUP_NAN_FILL && n_lo > 0) span.action = GROUP_SKIP;
+  return span;
+}
+
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }
 

@@ -7,6 +7,10 @@
 //     for any keys (NaN, -NaN, +-inf, -0, subnormals), and the whole group flow writes every sample
 //     exactly once, inside the group, NaN for a group with a non-finite value;
 //   * the block kernel's flow (radix order of the keys, as cub::BlockRadixSort orders doubles);
+//   * the small-group kernel (one thread per group, W = 8, 16): its lane sorts (odd-even merge networks on packed float keys,
+//     and (key, index) pairs for doubles) order every group as std::sort does and are permutations
+//     for any bit patterns; size buckets (bucket_group) give every sample of a batch exactly one
+//     writer across the launch's two kernels, for malformed offsets and undersized bounds too;
 //   * the checks can fail: the flows before the fix (NaN/inf not pre-checked, stores gated by
 //     sorted position only, the IEEE compare in the network) are run through the same checks and
 //     must be caught writing outside the group or leaving samples unwritten.
@@ -19,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "bonkernels/lane_exec.h"
 #include "cuda/guards.h"
 
 namespace {
@@ -243,6 +248,101 @@ void test_total_order() {
          "finite_value");
 }
 
+// ----------------------------------------------------------------------------- small-group kernel
+
+template <int W>
+void lane_sorts_once(std::mt19937_64& rng, int n, int mode) {
+  std::vector<double> vals(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    if (mode == 2) vals[size_t(i)] = draw(rng);
+    else if (mode == 3) vals[size_t(i)] = double(rng() % 3) - 1.0;
+    else vals[size_t(i)] = std::normal_distribution<double>(0.0, 1.0)(rng);
+  }
+  // Doubles: (orderable bits, index) pairs, padded as the kernel pads.
+  uint64_t key[W];
+  int idx[W];
+  for (int i = 0; i < W; ++i) {
+    key[i] = i < n ? bk::orderable_f64(vals[size_t(i)]) : ~uint64_t(0);
+    idx[i] = i;
+  }
+  bk::lane_sort_pairs<W>(key, idx);
+  std::vector<int> perm(idx, idx + W);
+  expect(is_permutation_of_lanes(perm), "lane_sort_pairs is a permutation of the slots", W, n);
+  for (int s = 0; s + 1 < W; ++s)
+    expect(key[s] < key[s + 1] || (key[s] == key[s + 1] && idx[s] < idx[s + 1]), "lane_sort_pairs ascending", W, s);
+  for (int s = 0; s < n; ++s) {
+    expect(idx[s] < n, "real samples sort before the padding", W, s);
+    const double back = bk::from_orderable_f64(key[s]), want = vals[size_t(idx[s])];
+    expect(std::memcmp(&back, &want, sizeof(back)) == 0, "from_orderable_f64 recovers the value bit for bit", W, s);
+  }
+  // Floats: packed (orderable float bits, index) words.
+  uint64_t packed[W];
+  std::vector<float> f(static_cast<size_t>(n));
+  for (int i = 0; i < W; ++i) {
+    if (i < n) f[size_t(i)] = float(vals[size_t(i)]);
+    packed[i] = i < n ? (uint64_t(bk::orderable_f32(f[size_t(i)])) << 32) | uint32_t(i) : ~uint64_t(0);
+  }
+  bk::lane_sort_keys<W>(packed);
+  std::vector<int> src(W);
+  for (int s = 0; s < W; ++s) src[size_t(s)] = s < n ? int(uint32_t(packed[s])) : s;
+  expect(is_permutation_of_lanes(src), "lane_sort_keys is a permutation of the slots", W, n);
+  std::vector<float> finite_sorted;
+  for (float v : f)
+    if (!std::isnan(v)) finite_sorted.push_back(v);
+  std::sort(finite_sorted.begin(), finite_sorted.end());
+  size_t next = 0;
+  for (int s = 0; s < n; ++s) {
+    const float back = bk::from_orderable_f32(uint32_t(packed[s] >> 32)), want = f[size_t(src[size_t(s)])];
+    expect(std::memcmp(&back, &want, sizeof(back)) == 0, "from_orderable_f32 recovers the value bit for bit", W, s);
+    if (!std::isnan(back)) {  // the numbers in std::sort's order (NaNs aside: the kernel NaN-fills them)
+      expect(next < finite_sorted.size() && (back == finite_sorted[next]), "lane_sort_keys orders as std::sort", W, s);
+      ++next;
+    }
+  }
+}
+
+void test_lane_sorts() {
+  std::mt19937_64 rng(20261203);
+  for (int trial = 0; trial < 600; ++trial) {
+    lane_sorts_once<8>(rng, 1 + int(rng() % 8), trial % 4);
+    lane_sorts_once<16>(rng, 1 + int(rng() % 16), trial % 4);
+  }
+}
+
+// Every sample of a batch gets exactly one writer across the two kernels of a bucketed launch: the
+// small-group kernel (sizes (0, small]) and the kernel shaped by the bound (sizes (small, bound]);
+// malformed groups and groups above the bound are NaN-filled by the first kernel only.
+void test_bucket_group() {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int G = 1 + int(rng() % 6);
+    std::vector<int64_t> off(static_cast<size_t>(G + 1));
+    for (int g = 1; g <= G; ++g) off[size_t(g)] = off[size_t(g - 1)] + int64_t(rng() % 40);
+    if (trial % 3 == 1) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 60) - 10;  // malformed
+    const int64_t total = off[size_t(G)] < 0 ? 0 : off[size_t(G)];
+    const int64_t small = trial % 2 ? 8 : 16;
+    const int64_t bound = small + int64_t(rng() % 30);  // the second kernel's cap (>= small)
+    std::vector<int> writes(static_cast<size_t>(total), 0);
+    for (int g = 0; g < G; ++g) {
+      for (int kernel = 0; kernel < (bound > small ? 2 : 1); ++kernel) {
+        const GroupSpan s = kernel == 0 ? bk::cuda::bucket_group(off[g], off[g + 1], total, 0, small, bound)
+                                        : bk::cuda::bucket_group(off[g], off[g + 1], total, small, bound, bound);
+        expect(0 <= s.lo && s.lo <= s.hi && s.hi <= total, "bucket_group span inside [0, total]", g, kernel);
+        if (s.action == bk::cuda::GROUP_SKIP) continue;
+        if (s.action == bk::cuda::GROUP_COMPUTE)
+          expect(s.hi - s.lo <= (kernel == 0 ? small : bound), "a kernel computes only groups it can hold", g, kernel);
+        for (int64_t i = s.lo; i < s.hi; ++i) ++writes[size_t(i)];
+      }
+    }
+    // (Malformed offsets may leave samples in no group, or in two overlapping spans: only the
+    // bounds above are checked then.)
+    bool well_formed = off[0] == 0;
+    for (int g = 0; g < G; ++g) well_formed = well_formed && off[g] >= 0 && off[g] <= off[g + 1];
+    if (well_formed)
+      for (int64_t i = 0; i < total; ++i) expect(writes[size_t(i)] == 1, "every sample has exactly one writer", trial, i);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -250,6 +350,8 @@ int main() {
   test_total_order();
   test_groups(Network::kWarp, "sub-warp bitonic network (W = 8, 16, 32)", {8, 16, 32});
   test_groups(Network::kBlock, "block kernel (radix order)", {64, 256});
+  test_lane_sorts();
+  test_bucket_group();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

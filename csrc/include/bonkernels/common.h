@@ -19,6 +19,8 @@
 
 #if defined(__CUDACC__)
 #define BK_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__) && !defined(__clang__)
+#define BK_UNROLL _Pragma("GCC unroll 64")
 #else
 #define BK_UNROLL
 #endif

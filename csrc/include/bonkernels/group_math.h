@@ -163,12 +163,23 @@ BK_HD void single_k_tables(Ex& ex, int code, int k, SingleKTables<Vec>& t) {
   }
 }
 
+// Whether the call reads its tables from a bank. Static-analysis builds only (bench/static_kernels.py,
+// never a real build): -DBK_STATIC_BANKED makes it a compile-time yes, so the SASS holds the path
+// a single-k call of a linear estimator takes when the host passes one k's bank.
+BK_HD bool has_bank(const Params& p) {
+#if defined(BK_STATIC_BANKED)
+  return (void)p, true;
+#else
+  return p.bank != nullptr;
+#endif
+}
+
 // The executors' tables(): runs body(t) with the bank's block for this group size when the call
 // has a bank (BankTables), else with one k's tables (SingleKTables). False, without running body,
 // when the bank has no well-formed block for this size.
 template <class Ex, class Body>
 BK_HD bool with_tables(Ex& ex, const Params& p, int code, int k, Body body) {
-  if (p.bank == nullptr) {
+  if (!has_bank(p)) {
     SingleKTables<typename Ex::Vec> t;
     single_k_tables(ex, code, k, t);
     body(t);
@@ -236,7 +247,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     return;
   }
   // With a bank the too-small rule is folded into its tables: k is ignored, no group is zeroed.
-  const bool banked = p.bank != nullptr && reads_weight_tables(p.code);
+  const bool banked = has_bank(p) && reads_weight_tables(p.code);
   const GroupK gk = banked ? GroupK{1, false} : effective_k(p.code, n, p.k, p.small_groups);
   auto emit = [&](int s, double natural) { ex.emit(s, finish_value(p, n, natural, gk.zero)); };
   auto fill_nan = [&]() { ex.for_each([&](int s, int) { ex.emit(s, BK_NAN); }); };

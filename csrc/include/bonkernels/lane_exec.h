@@ -11,6 +11,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
 
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
@@ -21,15 +22,35 @@ namespace bk {
 // small-group kernel up to kLaneWidthCuda (registers: see csrc/cuda/advantages.cu).
 constexpr int kLaneWidthMax = 32;
 
+// Where LaneExec puts a final value: slot s of the sorted group (the caller scatters them).
 template <int W>
-struct LaneExec {
+struct SlotValues {
+  double v[W];
+  BK_HD void operator()(int s, double value) { v[s] = value; }
+};
+
+// The group size: a run-time n <= W, or (kFull: a group that fills the W slots, the usual case of
+// [G, n] rewards) the constant W, so every `s < n` mask folds away at compile time.
+template <int W, bool kFull>
+struct LaneSize {
+  int n = 0;
+  BK_HD void set_size(int size) { n = size; }
+};
+template <int W>
+struct LaneSize<W, true> {
+  static constexpr int n = W;
+  BK_HD void set_size(int) {}
+};
+
+template <int W, class Sink = SlotValues<W>, bool kFull = false>
+struct LaneExec : LaneSize<W, kFull> {
   struct Vec {
     double v[W];
     BK_HD double& operator[](int s) { return v[s]; }
   };
 
-  int n = 0;        // group size, 1 <= n <= W
-  double out[W];    // emitted values, by sorted slot (the caller scatters them)
+  using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
+  Sink sink;                    // receives emit(s, value)
 
   BK_HD void alloc(Vec&) {}
 
@@ -66,15 +87,12 @@ struct LaneExec {
   // W dependent operations, and the same order on the host and the device.
   template <class T, class Op, class Term>
   BK_HD T reduce(T id, Op op, Term term) {
-    T r[W];
+    T r[2 * W];  // a heap: leaves r[W + s], node t combines r[2t] and r[2t + 1]
     BK_UNROLL
-    for (int s = 0; s < W; ++s) r[s] = s < n ? term(s, s + 1) : id;
+    for (int s = 0; s < W; ++s) r[W + s] = s < n ? term(s, s + 1) : id;
     BK_UNROLL
-    for (int half = W / 2; half >= 1; half >>= 1) {
-      BK_UNROLL
-      for (int s = 0; s < half; ++s) r[s] = op(r[s], r[s + half]);
-    }
-    return r[0];
+    for (int t = W - 1; t >= 1; --t) r[t] = op(r[2 * t], r[2 * t + 1]);
+    return r[1];
   }
 
   template <class Pred>
@@ -87,18 +105,19 @@ struct LaneExec {
 
   // d^(N,K)_j at each rank j = 1..n (prev: at j - 1), by the downward recurrence of spec 0.1 in
   // the reference's order (d_N = K/N, d_{j-1} = d_j f_j), as SerialExec's tables; N <= n here.
-  BK_HD void weights(int N, int K, Vec& at) { fill_weights(N, K, at, nullptr); }
-  BK_HD void weights2(int N, int K, Vec& at, Vec& prev) { fill_weights(N, K, at, &prev); }
+  BK_HD void weights(int N, int K, Vec& at) { fill_weights<false>(N, K, at, at); }
+  BK_HD void weights2(int N, int K, Vec& at, Vec& prev) { fill_weights<true>(N, K, at, prev); }
 
   template <class Body>
   BK_HD bool tables(const Params& p, int code, int k, Body body) {
     return with_tables(*this, p, code, k, body);
   }
 
-  BK_HD void emit(int s, double v) { out[s] = v; }
+  BK_HD void emit(int s, double v) { sink(s, v); }
 
  private:
-  BK_HD void fill_weights(int N, int K, Vec& at, Vec* prev) {
+  template <bool kPrev>
+  BK_HD void fill_weights(int N, int K, Vec& at, Vec& prev) {
     const double top = (N >= 1 && K >= 1) ? bk_div_moderate(double(K), double(N)) : 0.0;
     double prod = 1.0;
     BK_UNROLL
@@ -111,10 +130,91 @@ struct LaneExec {
         prod *= table_factor(j, N, K);
       }
       at[s] = v;
-      if (prev != nullptr && s + 1 < W) (*prev)[s + 1] = v;  // d_j is prev at rank j + 1
+      if (kPrev && s + 1 < W) prev[s + 1] = v;  // d_j is prev at rank j + 1
     }
-    if (prev != nullptr) (*prev)[0] = 0.0;
+    if (kPrev) prev[0] = 0.0;
   }
 };
+
+// ----------------------------------------------------------------------------- sorting a lane's group
+
+// A float's bits as an unsigned integer in the same order (negatives: all bits flipped; the rest:
+// sign bit set), and back. Exact for every float, so a float16/bfloat16/float32 reward is recovered
+// from its sort key without a second load.
+BK_HD uint32_t orderable_f32(float f) {
+  uint32_t u;
+#if defined(__CUDA_ARCH__)
+  u = __float_as_uint(f);
+#else
+  memcpy(&u, &f, sizeof(u));
+#endif
+  return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+BK_HD float from_orderable_f32(uint32_t o) {
+  const uint32_t u = (o >> 31) ? (o & 0x7fffffffu) : ~o;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+// The same for doubles: unsigned integers in the same order (a total order on all bit patterns;
+// NaNs land beyond +-inf by their sign), and back.
+BK_HD uint64_t orderable_f64(double d) {
+  const uint64_t u = double_to_bits(d);
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+BK_HD double from_orderable_f64(uint64_t o) {
+  return bits_to_double((o >> 63) ? (o & 0x7fffffffffffffffull) : ~o);
+}
+
+// Batcher's odd-even merge sort over W slots (W a power of two) as compile-time passes: pass (P, K)
+// calls exchange(i, j) (min to i, max to j) for its pairs i < j. 63 exchanges for W = 16 and 19
+// for W = 8 (a bitonic network needs 80 and 24). Templates and loops with constant bounds, so every
+// slot index is a constant and the arrays stay in registers on the GPU.
+template <int W, int P, int K, class Exchange>
+BK_HD void odd_even_passes(Exchange& exchange) {
+  BK_UNROLL
+  for (int j = K % P; j + K < W; j += 2 * K) {
+    BK_UNROLL
+    for (int i = 0; i < K; ++i)
+      if (i + j + K < W && (i + j) / (2 * P) == (i + j + K) / (2 * P)) exchange(i + j, i + j + K);
+  }
+  if constexpr (K > 1) odd_even_passes<W, P, K / 2>(exchange);
+  else if constexpr (2 * P < W) odd_even_passes<W, 2 * P, 2 * P>(exchange);
+}
+
+// Sorts the W keys ascending (pad past n with the largest key). Branch-free exchanges.
+template <int W>
+BK_HD void lane_sort_keys(uint64_t* a) {
+  auto exchange = [&](int i, int j) {
+    const uint64_t x = a[i], y = a[j];
+    const bool swap = y < x;  // one 64-bit compare, two selects per word
+    a[i] = swap ? y : x;
+    a[j] = swap ? x : y;
+  };
+  odd_even_passes<W, 1, 1>(exchange);
+}
+
+// The same network over (key, index) pairs, ordered by key then index: a total order (indices are
+// distinct), so the result is a permutation of the slots whatever the keys.
+template <int W>
+BK_HD void lane_sort_pairs(uint64_t* key, int* idx) {
+  auto exchange = [&](int i, int j) {
+    const bool swap = key[j] < key[i] || (key[j] == key[i] && idx[j] < idx[i]);
+    const uint64_t ki = key[i], kj = key[j];
+    const int ii = idx[i], ij = idx[j];
+    key[i] = swap ? kj : ki;
+    key[j] = swap ? ki : kj;
+    idx[i] = swap ? ij : ii;
+    idx[j] = swap ? ii : ij;
+  };
+  odd_even_passes<W, 1, 1>(exchange);
+}
 
 }  // namespace bk
