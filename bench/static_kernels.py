@@ -33,7 +33,8 @@ How SASS is counted (per thread: one warp-instruction is issued for each instruc
     never runs them (they are counted apart, ``cold``). Trailing NOP padding is dropped.
   * loops: a backward branch inside ``main`` closes a loop. The block kernels' radix-sort pass loop
     (the loop holding the BAR.SYNCs: cub::BlockRadixSort over 64-bit keys, 4 bits a pass) is
-    weighted by its 16 passes; every other loop (the NaN fill of malformed groups: error path;
+    weighted by its 16 passes, or 9 in the float32 builds once the sort skips the 29 low bits a
+    widened float32 leaves constant (radix_passes); every other loop (the NaN fill of malformed groups: error path;
     ipow: bon_rlb only) counts once, as do straight-line instructions.
   * ``path``: the longest entry-to-exit path through main's control-flow graph (back edges
     removed, loop bodies weighted as above; branches into the cold stubs not followed). This is
@@ -102,6 +103,14 @@ WARPS_PER_SM = 64
 REG_ALLOC_UNIT = 256  # registers per warp are allocated in units of 256
 
 RADIX_PASSES = 16  # cub::BlockRadixSort of 64-bit keys, RADIX_BITS = 4
+# Since the block kernels sort only the key bits a float32 reward can set (advantages.cu,
+# kRadixBeginBitNarrow = 29): 35 bits, 9 passes, in the float32 builds of such a source.
+RADIX_PASSES_NARROW = 9
+
+
+def radix_passes(build: str, source: str) -> int:
+    """Passes of the block sort in a build: 9 for float32 builds of a source with the narrow sort."""
+    return RADIX_PASSES_NARROW if build.endswith("/fp32") and "kRadixBeginBitNarrow" in source else RADIX_PASSES
 ESTIMATORS = ("maxk_loo1", "maxk_offpolicy", "grpo")
 ELEM_BYTES = {"fp32": 4, "fp64": 8, "fp16": 2, "bf16": 2}
 TRITON_BLOCKS = (8, 16, 32, 64, 1024, 4096)
@@ -387,9 +396,9 @@ def longest_path(main: list[Instr], weights: list[int]) -> dict:
     return count([main[i] for i in idx], [weights[i] for i in idx])
 
 
-def sass_counts(instrs: list[Instr]) -> SassCounts:
+def sass_counts(instrs: list[Instr], radix_passes: int = RADIX_PASSES) -> SassCounts:
     main, cold = split_regions(instrs)
-    loops = find_loops(main)
+    loops = find_loops(main, radix_passes)
     weights = [1] * len(main)
     for lp in loops:
         for i in range(lp.start, lp.end + 1):
@@ -560,6 +569,8 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
     spills = parse_ptxas_spills(ptxas_log)
     smem = parse_ptxas_smem(ptxas_log)
     res, funcs = cubin_report(cubin)
+    with open(os.path.join(csrc or os.path.join(REPO_DIR, "csrc"), "cuda", "advantages.cu")) as f:
+        passes = radix_passes(build, f.read())
     log(f"[static] cuda {build}: nvcc + cuobjdump {time.perf_counter() - t0:.0f} s")
     rows = []
     for v in variants:
@@ -569,7 +580,7 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
 
         r = res[name]
         st, ld = spills.get(name, (0, 0))
-        c = sass_counts(funcs[name])
+        c = sass_counts(funcs[name], passes)
         shared = smem.get(name, r.shared)
         blocks, occ = occupancy(r.regs, shared, v.block_threads)
         rows.append(KernelRow("cuda", v.name, build, v.block_threads, v.group_threads, r.regs, st, ld, r.local,
@@ -734,7 +745,8 @@ pipe bounds FP64 {int(FP64_WARP_PER_CLK * 32)} lanes/clk/SM, SHFL {int(SHFL_WARP
 MUFU {int(MUFU_WARP_PER_CLK * 32)} lanes/clk/SM; estimate = the largest of the four; memory time =
 bytes/sample x N / {HBM_BPS / 1e12:.1f} TB/s (fp32 values + output, + deltas off-policy, + 8/n offset bytes).
 SASS per thread = the longest path through the main region of the function (slow-path
-WARPSYNC.COLLECTIVE stubs apart), the radix-sort pass loop x {RADIX_PASSES}: for the
+WARPSYNC.COLLECTIVE stubs apart), the radix-sort pass loop x {RADIX_PASSES} (x {RADIX_PASSES_NARROW} in the
+`<estimator>/fp32` builds of a source whose block sort skips the bits float32 cannot set): for the
 `<estimator>/fp32` builds an upper bound on one thread's path with no divergence (the longest arm
 of each kept branch counts), for the shipped builds (`default`, Triton `fp32`: jump tables, no
 graph) every instruction of the function, a much looser bound. Latency, occupancy and L2 traffic are not modelled."""

@@ -87,9 +87,12 @@ def advantages(rewards: torch.Tensor, k: Optional[int] = None, estimator: str = 
         max_group_size = rewards.shape[1]          # a free bound: kernels need not look for it
     if check_inputs:
         validation.check_values(values, layout, est, k, small_code, packed_deltas, max_group_size)
-        if max_group_size is None and values.is_cuda:    # already synced: give kernels the bound
-            sizes = layout.offsets[1:] - layout.offsets[:-1]
-            max_group_size = int(sizes.max()) if sizes.numel() else 0
+    if max_group_size is None and (check_inputs and values.is_cuda or values.device.type == "cpu"):
+        # Give the kernels the bound: free on the CPU, and the checks on a GPU already synced. The
+        # bound also decides whether one k's tables come from a bank (tables.single_k_bank), so a
+        # call's result does not depend on whether its caller passed the hint.
+        sizes = layout.offsets[1:] - layout.offsets[:-1]
+        max_group_size = int(sizes.max()) if sizes.numel() else 0
     params = backends.Params(k=backends.kernel_k(k), max_group_size=max_group_size, **params)
 
     if weights is not None and est.name in tables.SUM_OVER_K_ESTIMATORS:

@@ -83,6 +83,13 @@ def test_estimate_arithmetic():
     assert sk.bytes_per_sample(16, 4, deltas=True) == 12.5
 
 
+def test_radix_passes_follow_the_source():
+    narrow = "Sort(keys, idx, dtype == BK_FLOAT64 ? 0 : kRadixBeginBitNarrow, 64)"
+    assert sk.radix_passes("maxk_loo1/fp32", narrow) == 9
+    assert sk.radix_passes("default", narrow) == sk.RADIX_PASSES      # every dtype: double keys too
+    assert sk.radix_passes("maxk_loo1/fp32", "Sort(keys, idx)") == sk.RADIX_PASSES   # an older source
+
+
 def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(8).name == "thread_kernel<8>"
     assert sk.cuda_variant_for(16).name == "thread_kernel<16>"

@@ -16,20 +16,23 @@ namespace {
 
 // The ascending order of one group's rewards: x[s] the s-th smallest, src[s] its index in the group
 // (any order for the order-free estimators). Floats narrower than double sort as packed
-// (orderable bits, index) words through a branch-free network; doubles by sort_pairs.
+// (orderable bits, index) words: a branch-free network up to 64 samples, a 32-bit radix sort
+// beyond (the rewards are recovered exactly from the words); doubles by sort_pairs.
 template <typename scalar_t, class Vec>
 void sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_t* src,
-                  std::vector<std::pair<double, int32_t>>& pairs,
-                  std::vector<std::pair<uint64_t, int32_t>>* radix_buffer = nullptr) {
+                  std::vector<std::pair<double, int32_t>>& pairs, std::vector<uint64_t>& packed,
+                  std::vector<uint64_t>& packed_buffer, std::vector<std::pair<uint64_t, int32_t>>* radix_buffer) {
   if (order_free_code) {
     for (int i = 0; i < n; ++i) x[i] = double(v[i]), src[i] = i;
-  } else if (!std::is_same<scalar_t, double>::value && n <= kNetworkSortMax) {
-    uint64_t packed[kNetworkSortMax];
-    for (int i = 0; i < n; ++i) packed[i] = (uint64_t(orderable_bits32(float(v[i]))) << 32) | uint32_t(i);
-    network_sort_packed(packed, n);
+  } else if (!std::is_same<scalar_t, double>::value) {  // (float bits, index) words
+    if (packed.size() < size_t(n) || packed.size() < size_t(kNetworkSortMax))
+      packed.resize(std::max<size_t>(n, kNetworkSortMax));
+    for (int i = 0; i < n; ++i) packed[i] = (uint64_t(orderable_f32(float(v[i]))) << 32) | uint32_t(i);
+    if (n <= kNetworkSortMax) network_sort_packed(packed.data(), n);
+    else radix_sort_packed32(packed.data(), n, packed_buffer);
     for (int s = 0; s < n; ++s) {
       src[s] = int32_t(uint32_t(packed[s]));
-      x[s] = double(v[src[s]]);
+      x[s] = double(from_orderable_f32(uint32_t(packed[s] >> 32)));
     }
   } else {
     if (pairs.size() < size_t(n)) pairs.resize(n);
@@ -112,6 +115,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
     SerialExec ex;
     std::vector<std::pair<double, int32_t>> pairs;
     std::vector<std::pair<uint64_t, int32_t>> radix_buffer;
+    std::vector<uint64_t> packed, packed_buffer;
     std::vector<int32_t> src;
     SerialExec::Vec x, delta;
     for (int64_t g = g_begin; g < g_end; ++g) {
@@ -135,7 +139,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
         ex.alloc(x);
         ex.alloc(delta);
         if (src.size() < size_t(n)) src.resize(n);
-        sorted_order(values + base, n, order_free(p.code), x, src.data(), pairs, &radix_buffer);
+        sorted_order(values + base, n, order_free(p.code), x, src.data(), pairs, packed, packed_buffer, &radix_buffer);
         if (d != nullptr) sorted_deltas(d, n, src.data(), p, delta);  // (only the off-policy estimators read delta)
         compute_group(ex, p, x, delta);
         const double* v = ex.values();

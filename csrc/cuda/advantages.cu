@@ -7,7 +7,8 @@
 //                on packed (float bits, index) keys; every launch starts with it;
 //   * n <= 32:   then the sub-warp executor for the groups of 17..32 samples: 32 lanes per group,
 //                one element per lane, bitonic sort with shuffles, shuffle scans and reductions;
-//   * n <= 4096: or the block executor, one block per group of more than 16: cub::BlockRadixSort,
+//   * n <= 4096: or the block executor, one block per group of more than 16: cub::BlockRadixSort
+//                (over the key bits the dtype can set: 9 passes for float32 and narrower, 16 for double),
 //                then per-thread serial scans over ITEMS consecutive ranks combined across threads
 //                with shuffles and a tiny shared array of warp totals (one word per warp).
 // Weight tables: a linear estimator reads the call's table bank when it has one (built once per
@@ -462,6 +463,9 @@ struct BlockExec {
   }
 };
 
+// The lowest key bit the block sort looks at for rewards narrower than double (see block_kernel).
+constexpr int kRadixBeginBitNarrow = 29;
+
 template <int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* __restrict__ values,
                                                       const int64_t* __restrict__ offsets,
@@ -510,7 +514,10 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
     }
     return;
   }
-  Sort(smem.sort).Sort(keys, ex.idx);
+  // A float32/float16/bfloat16 reward widened to double has its low 29 mantissa bits 0 (all 1 in
+  // cub's bit image of a negative key): the order lives in the upper 35 bits, 9 passes of 4 bits
+  // instead of 16.
+  Sort(smem.sort).Sort(keys, ex.idx, dtype == BK_FLOAT64 ? 0 : kRadixBeginBitNarrow, 64);
   __syncthreads();  // the scan scratch aliases the sort storage
   typename BlockExec<BLOCK, ITEMS>::Vec x, delta;
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
@@ -551,37 +558,25 @@ __device__ __forceinline__ void thread_group(int dtype, const void* __restrict__
   ex.sink.out = out;
   ex.sink.dtype = dtype;
   typename Ex::Vec x, delta;
-  // Load and sort: (orderable bits, index) keys, padded past n with the largest key. A group with a
-  // non-finite reward or raw delta is NaN-filled by source index (the NaN contract), unsorted.
-  uint64_t key[W];
-  bool bad = false;
+  // Load and sort, as the CPU kernel's lane path does: float keys (orderable_f32) or, for doubles,
+  // (orderable bits, index) pairs; padding past n sorts last. A non-finite reward or delta makes
+  // compute_group NaN-fill the group (the sort is a permutation whatever the bits).
+  uint32_t key32[W];
+  uint64_t key64[W];
   BK_UNROLL
   for (int i = 0; i < W; ++i) {
     const double v = i < n ? load_value(dtype, values, span.lo + i) : 0.0;
-    bad = bad || (i < n && !finite_value(v));
-    if (off_policy && i < n) bad = bad || !finite_value(load_value(dtype, deltas, span.lo + i));
     ex.sink.idx[i] = i;
-    if (dtype == BK_FLOAT64)
-      key[i] = i < n ? orderable_f64(v) : ~uint64_t(0);
-    else  // a float's 32 bits and the index in one word: one compare per exchange
-      key[i] = i < n ? (uint64_t(orderable_f32(float(v))) << 32) | uint32_t(i) : ~uint64_t(0);
-  }
-  if (bad) {
-    nan_fill(dtype, out, span.lo, span.hi, 0, 1);
-    return;
+    if (dtype == BK_FLOAT64) key64[i] = i < n ? orderable_f64(v) : ~uint64_t(0);
+    else key32[i] = i < n ? orderable_f32(float(v)) : kLanePad;
   }
   if (!order_free(p.code)) {
-    if (dtype == BK_FLOAT64) lane_sort_pairs<W>(key, ex.sink.idx);
-    else lane_sort_keys<W>(key);
+    if (dtype == BK_FLOAT64) lane_sort_pairs<W>(key64, ex.sink.idx);
+    else lane_sort_keys32<W>(key32, ex.sink.idx);
   }
   BK_UNROLL
   for (int s = 0; s < W; ++s) {
-    if (dtype == BK_FLOAT64) {
-      x[s] = from_orderable_f64(key[s]);
-    } else {
-      x[s] = double(from_orderable_f32(uint32_t(key[s] >> 32)));
-      ex.sink.idx[s] = int(uint32_t(key[s]));
-    }
+    x[s] = dtype == BK_FLOAT64 ? from_orderable_f64(key64[s]) : double(from_orderable_f32(key32[s]));
     delta[s] = (off_policy && s < n) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
   }
   compute_group(ex, p, x, delta);

@@ -3,11 +3,13 @@
 // Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
 // ScanTablesExec (tables from the generic product scan, what the CUDA executors run).
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <random>
 #include <vector>
 
 #include "bonkernels/group_math.h"
+#include "bonkernels/lane_exec.h"
 #include "bonkernels/serial_exec.h"
 
 namespace {
@@ -459,6 +461,30 @@ void check_sorts() {
         seen[i]++;
       }
       for (int i = 0; i < n; ++i) expect_close(seen[i], 1, 0.0, "network sort is a permutation", n, 0, i);
+    }
+  }
+  std::vector<uint64_t> scratch;
+  for (int n : {2, 65, 100, 1000, 4096}) {  // the packed 32-bit radix sort of the larger float groups
+    for (int rep = 0; rep < 4; ++rep) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = (rep % 2) ? float(std::round(normal(rng) * 2) / 2) : float(normal(rng) * 1e3);
+      v[0] = -0.0f, v[1] = 0.0f;
+      if (rep == 3) v[n - 1] = std::numeric_limits<float>::infinity();
+      std::vector<uint64_t> k(n);
+      for (int i = 0; i < n; ++i) k[i] = (uint64_t(bk::orderable_f32(v[i])) << 32) | uint32_t(i);
+      bk::radix_sort_packed32(k.data(), n, scratch);
+      std::vector<float> want = v;
+      std::sort(want.begin(), want.end());
+      std::vector<int> seen(n, 0);
+      for (int s = 0; s < n; ++s) {
+        const int i = int(uint32_t(k[s]));
+        expect_close(v[i], want[s], 0.0, "packed radix sort", n, 0, s);
+        expect_close(bk::from_orderable_f32(uint32_t(k[s] >> 32)), v[i], 0.0, "packed radix sort keeps the value", n, 0, s);
+        if (s > 0 && k[s] >> 32 == k[s - 1] >> 32)
+          expect_close(uint32_t(k[s]) > uint32_t(k[s - 1]), 1, 0.0, "ties keep index order", n, 0, s);
+        seen[i]++;
+      }
+      for (int i = 0; i < n; ++i) expect_close(seen[i], 1, 0.0, "packed radix sort is a permutation", n, 0, i);
     }
   }
 }

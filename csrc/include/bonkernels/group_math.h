@@ -4,8 +4,11 @@
 // closed forms of docs/spec.md ("spec N.M" is its section N.M; summary in docs/conventions.md),
 // with the closed forms and variable names of bonkernels/reference.py, evaluated with weight
 // tables, exclusive prefix/suffix scans and group reductions. How those primitives run is the executor's business:
-//   * SerialExec (serial_exec.h): one CPU thread walks the group; tables are cached per (n, k);
-//   * the CUDA executors (csrc/cuda): one sub-warp or one block per group, shuffles and shared memory.
+//   * LaneExec (lane_exec.h): one thread walks a group of up to 32 samples held in fixed-width
+//     arrays; the CPU kernel's small groups and, the same code, the CUDA kernel of groups <= 16;
+//   * SerialExec (serial_exec.h): one CPU thread walks a larger group; tables cached per (n, k);
+//   * the CUDA executors (csrc/cuda): one sub-warp (17..32) or one block per group (33..4096),
+//     shuffles and shared memory.
 //
 // Executor interface (Ex):
 //   int n;                                       group size (> 0 when compute_group runs)

@@ -189,14 +189,40 @@ BK_HD void odd_even_passes(Exchange& exchange) {
   else if constexpr (2 * P < W) odd_even_passes<W, 2 * P, 2 * P>(exchange);
 }
 
-// Sorts the W keys ascending (pad past n with the largest key). Branch-free exchanges.
+// Sorts packed (orderable float bits << 32 | index) words ascending (pad past n with ~0): the CPU
+// kernel's variant, where a 64-bit min and max compile to branch-free conditional moves. (On the
+// GPU a 64-bit compare costs two instructions and the compiler emits one per min and per max:
+// the CUDA kernel takes lane_sort_keys32.) Indices are distinct, so the order is total.
 template <int W>
 BK_HD void lane_sort_keys(uint64_t* a) {
   auto exchange = [&](int i, int j) {
     const uint64_t x = a[i], y = a[j];
-    const bool swap = y < x;  // one 64-bit compare, two selects per word
-    a[i] = swap ? y : x;
-    a[j] = swap ? x : y;
+    a[i] = x < y ? x : y;
+    a[j] = x < y ? y : x;
+  };
+  odd_even_passes<W, 1, 1>(exchange);
+}
+
+// The padding key of lane_sort_keys32: the largest 32-bit key.
+constexpr uint32_t kLanePad = 0xffffffffu;
+
+// Sorts 32-bit keys ascending, moving their indices along (samples keyed by orderable_f32, padding
+// past n keyed kLanePad). Equal keys may end in either order (every estimator is tie-invariant).
+// The result is a permutation of the slots with the n samples first, whatever their bits: an
+// exchange moves a pair only when its keys differ, so a sample whose key equals the padding's (a
+// NaN) can never pass into the padding, which holds the largest key. Per exchange: one compare
+// and four selects (the CUDA small-group kernel's variant; gcc turns the four selects into a
+// branch, so the CPU kernel takes lane_sort_keys).
+template <int W>
+BK_HD void lane_sort_keys32(uint32_t* key, int* idx) {
+  auto exchange = [&](int i, int j) {
+    const uint32_t ki = key[i], kj = key[j];
+    const int ii = idx[i], ij = idx[j];
+    const bool swap = kj < ki;
+    key[i] = swap ? kj : ki;
+    key[j] = swap ? ki : kj;
+    idx[i] = swap ? ij : ii;
+    idx[j] = swap ? ii : ij;
   };
   odd_even_passes<W, 1, 1>(exchange);
 }

@@ -1,5 +1,6 @@
 // Host executor for compute_group (group_math.h): one thread walks one sorted group.
-// Used by the CPU kernel and by the C++ unit tests. Weight tables are cached per (N, K) across the
+// Used by the CPU kernel for groups above the lane executor's width (lane_exec.h) and by the C++
+// unit tests. Weight tables are cached per (N, K) across the
 // groups one thread handles, since batches usually repeat the same group size.
 #pragma once
 
@@ -113,6 +114,41 @@ inline void network_sort_u64(uint64_t* k) {
   network_sort_u64_impl<W>(k, std::make_index_sequence<BitonicNetwork<W>::kPairs>{});
 }
 
+// LSD radix sort of packed (orderable float bits << 32 | index) words by their upper 32 bits, 11
+// bits a pass (3 passes, their histograms from one read; a pass whose digit is the same for every
+// word is skipped): the sort of the
+// larger groups of float32/float16/bfloat16 rewards, half the bytes and passes of a sort of the
+// doubles they widen to. Stable, so equal keys keep their index order. buf: scratch (grown).
+inline void radix_sort_packed32(uint64_t* a, int n, std::vector<uint64_t>& buf) {
+  if (n <= 1) return;
+  if (buf.size() < size_t(n)) buf.resize(n);
+  constexpr int kPasses = 3, kShift[kPasses] = {32, 43, 54};
+  constexpr uint64_t kMask = 2047;
+  uint32_t count[kPasses][2048] = {};  // every pass's histogram from one read of the words
+  for (int i = 0; i < n; ++i) {
+    const uint64_t w = a[i];
+    ++count[0][(w >> 32) & kMask];
+    ++count[1][(w >> 43) & kMask];
+    ++count[2][w >> 54];
+  }
+  uint64_t* src = a;
+  uint64_t* dst = buf.data();
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = kShift[pass];
+    uint32_t* c = count[pass];
+    if (c[(src[0] >> shift) & kMask] == uint32_t(n)) continue;
+    uint32_t sum = 0;
+    for (int b = 0; b < 2048; ++b) {
+      const uint32_t k = c[b];
+      c[b] = sum;
+      sum += k;
+    }
+    for (int i = 0; i < n; ++i) dst[c[(src[i] >> shift) & kMask]++] = src[i];
+    std::swap(src, dst);
+  }
+  if (src != a) std::memcpy(a, src, sizeof(uint64_t) * size_t(n));
+}
+
 // Sorts the packed keys k[0..n) (n <= kNetworkSortMax; k needs room for the padded width).
 inline void network_sort_packed(uint64_t* k, int n) {
   const int W = n <= 8 ? 8 : (n <= 16 ? 16 : (n <= 32 ? 32 : 64));
@@ -195,11 +231,20 @@ class SerialExec {
     }
   }
 
+  // Four interleaved partial folds: a chain of n dependent adds (4 cycles each) would cost more
+  // than the rest of a large group's work.
   template <class T, class Op, class Term>
   T reduce(T id, Op op, Term term) {
-    T run = id;
-    for (int s = 0; s < n; ++s) run = op(run, term(s, s + 1));
-    return run;
+    T r0 = id, r1 = id, r2 = id, r3 = id;
+    int s = 0;
+    for (; s + 4 <= n; s += 4) {
+      r0 = op(r0, term(s, s + 1));
+      r1 = op(r1, term(s + 1, s + 2));
+      r2 = op(r2, term(s + 2, s + 3));
+      r3 = op(r3, term(s + 3, s + 4));
+    }
+    for (; s < n; ++s) r0 = op(r0, term(s, s + 1));
+    return op(op(r0, r1), op(r2, r3));
   }
 
   template <class Pred>
