@@ -106,14 +106,19 @@ RADIX_PASSES = 16  # cub::BlockRadixSort of 64-bit keys, RADIX_BITS = 4
 # Since the block kernels sort only the key bits a float32 reward can set (advantages.cu,
 # kRadixBeginBitNarrow = 29): 35 bits, 9 passes, in the float32 builds of such a source.
 RADIX_PASSES_NARROW = 9
-
-
-def radix_passes(build: str, source: str) -> int:
-    """Passes of the block sort in a build: 9 for float32 builds of a source with the narrow sort."""
-    return RADIX_PASSES_NARROW if build.endswith("/fp32") and "kRadixBeginBitNarrow" in source else RADIX_PASSES
 ESTIMATORS = ("maxk_loo1", "maxk_offpolicy", "grpo")
 ELEM_BYTES = {"fp32": 4, "fp64": 8, "fp16": 2, "bf16": 2}
 TRITON_BLOCKS = (8, 16, 32, 64, 1024, 4096)
+
+
+def radix_passes(build: str, source: str, block_threads: int = 0) -> int:
+    """Passes of the block sort in a build: 9 for float32 builds of a source with the narrow sort,
+    in the blocks it applies to (kRadixNarrowMaxBlock in advantages.cu), else 16."""
+    narrow = build.endswith("/fp32") and "kRadixBeginBitNarrow" in source
+    m = re.search(r"kRadixNarrowMaxBlock = (\d+)", source)
+    if narrow and m and block_threads > int(m.group(1)):
+        narrow = False
+    return RADIX_PASSES_NARROW if narrow else RADIX_PASSES
 
 
 # ---------------------------------------------------------------------------------------------- variants
@@ -570,17 +575,16 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
     smem = parse_ptxas_smem(ptxas_log)
     res, funcs = cubin_report(cubin)
     with open(os.path.join(csrc or os.path.join(REPO_DIR, "csrc"), "cuda", "advantages.cu")) as f:
-        passes = radix_passes(build, f.read())
+        source = f.read()
     log(f"[static] cuda {build}: nvcc + cuobjdump {time.perf_counter() - t0:.0f} s")
     rows = []
     for v in variants:
         name = next((f for f in funcs if v.pattern in f), None)
         if name is None:
             continue  # a shape of another revision of the launcher
-
         r = res[name]
         st, ld = spills.get(name, (0, 0))
-        c = sass_counts(funcs[name], passes)
+        c = sass_counts(funcs[name], radix_passes(build, source, v.block_threads))
         shared = smem.get(name, r.shared)
         blocks, occ = occupancy(r.regs, shared, v.block_threads)
         rows.append(KernelRow("cuda", v.name, build, v.block_threads, v.group_threads, r.regs, st, ld, r.local,

@@ -84,8 +84,9 @@ def test_estimate_arithmetic():
 
 
 def test_radix_passes_follow_the_source():
-    narrow = "Sort(keys, idx, dtype == BK_FLOAT64 ? 0 : kRadixBeginBitNarrow, 64)"
-    assert sk.radix_passes("maxk_loo1/fp32", narrow) == 9
+    narrow = "Sort(keys, idx, kRadixBeginBitNarrow, 64); constexpr int kRadixNarrowMaxBlock = 256;"
+    assert sk.radix_passes("maxk_loo1/fp32", narrow, 256) == 9
+    assert sk.radix_passes("maxk_loo1/fp32", narrow, 512) == sk.RADIX_PASSES   # the 512-thread block
     assert sk.radix_passes("default", narrow) == sk.RADIX_PASSES      # every dtype: double keys too
     assert sk.radix_passes("maxk_loo1/fp32", "Sort(keys, idx)") == sk.RADIX_PASSES   # an older source
 

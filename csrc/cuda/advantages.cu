@@ -8,7 +8,8 @@
 //   * n <= 32:   then the sub-warp executor for the groups of 17..32 samples: 32 lanes per group,
 //                one element per lane, bitonic sort with shuffles, shuffle scans and reductions;
 //   * n <= 4096: or the block executor, one block per group of more than 16: cub::BlockRadixSort
-//                (over the key bits the dtype can set: 9 passes for float32 and narrower, 16 for double),
+//                (over the key bits the dtype can set up to 2048 samples: 9 passes for float32 and
+//                narrower, 16 for double),
 //                then per-thread serial scans over ITEMS consecutive ranks combined across threads
 //                with shuffles and a tiny shared array of warp totals (one word per warp).
 // Weight tables: a linear estimator reads the call's table bank when it has one (built once per
@@ -463,8 +464,10 @@ struct BlockExec {
   }
 };
 
-// The lowest key bit the block sort looks at for rewards narrower than double (see block_kernel).
+// The lowest key bit the block sort looks at for rewards narrower than double (see block_kernel),
+// in blocks of up to kRadixNarrowMaxBlock threads.
 constexpr int kRadixBeginBitNarrow = 29;
+constexpr int kRadixNarrowMaxBlock = 256;
 
 template <int BLOCK, int ITEMS>
 __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* __restrict__ values,
@@ -517,7 +520,10 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
   // A float32/float16/bfloat16 reward widened to double has its low 29 mantissa bits 0 (all 1 in
   // cub's bit image of a negative key): the order lives in the upper 35 bits, 9 passes of 4 bits
   // instead of 16.
-  Sort(smem.sort).Sort(keys, ex.idx, dtype == BK_FLOAT64 ? 0 : kRadixBeginBitNarrow, 64);
+  // Two calls with constant bit ranges (a run-time range costs registers); the 512-thread block,
+  // capped at 128 registers, has none to spare for the second and sorts all bits.
+  if (dtype == BK_FLOAT64 || BLOCK > kRadixNarrowMaxBlock) Sort(smem.sort).Sort(keys, ex.idx);
+  else Sort(smem.sort).Sort(keys, ex.idx, kRadixBeginBitNarrow, 64);
   __syncthreads();  // the scan scratch aliases the sort storage
   typename BlockExec<BLOCK, ITEMS>::Vec x, delta;
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
@@ -558,27 +564,35 @@ __device__ __forceinline__ void thread_group(int dtype, const void* __restrict__
   ex.sink.out = out;
   ex.sink.dtype = dtype;
   typename Ex::Vec x, delta;
-  // Load and sort, as the CPU kernel's lane path does: float keys (orderable_f32) or, for doubles,
-  // (orderable bits, index) pairs; padding past n sorts last. A non-finite reward or delta makes
-  // compute_group NaN-fill the group (the sort is a permutation whatever the bits).
-  uint32_t key32[W];
-  uint64_t key64[W];
-  BK_UNROLL
-  for (int i = 0; i < W; ++i) {
-    const double v = i < n ? load_value(dtype, values, span.lo + i) : 0.0;
-    ex.sink.idx[i] = i;
-    if (dtype == BK_FLOAT64) key64[i] = i < n ? orderable_f64(v) : ~uint64_t(0);
-    else key32[i] = i < n ? orderable_f32(float(v)) : kLanePad;
+  // Load and sort, as the CPU kernel's lane path does: float keys or, for doubles, (orderable bits,
+  // index) pairs; padding past n sorts last. A non-finite reward or delta makes compute_group
+  // NaN-fill the group (the sort is a permutation whatever the bits). One scope per key width, so
+  // the two key arrays are never live together (registers).
+  const bool sort = !order_free(p.code);
+  if (dtype == BK_FLOAT64) {
+    uint64_t key[W];
+    BK_UNROLL
+    for (int i = 0; i < W; ++i) {
+      key[i] = i < n ? orderable_f64(load_value(dtype, values, span.lo + i)) : ~uint64_t(0);
+      ex.sink.idx[i] = i;
+    }
+    if (sort) lane_sort_pairs<W>(key, ex.sink.idx);
+    BK_UNROLL
+    for (int s = 0; s < W; ++s) x[s] = from_orderable_f64(key[s]);
+  } else {
+    uint32_t key[W];
+    BK_UNROLL
+    for (int i = 0; i < W; ++i) {
+      key[i] = i < n ? orderable_f32(float(load_value(dtype, values, span.lo + i))) : kLanePad;
+      ex.sink.idx[i] = i;
+    }
+    if (sort) lane_sort_keys32<W>(key, ex.sink.idx);
+    BK_UNROLL
+    for (int s = 0; s < W; ++s) x[s] = double(from_orderable_f32(key[s]));
   }
-  if (!order_free(p.code)) {
-    if (dtype == BK_FLOAT64) lane_sort_pairs<W>(key64, ex.sink.idx);
-    else lane_sort_keys32<W>(key32, ex.sink.idx);
-  }
   BK_UNROLL
-  for (int s = 0; s < W; ++s) {
-    x[s] = dtype == BK_FLOAT64 ? from_orderable_f64(key64[s]) : double(from_orderable_f32(key32[s]));
+  for (int s = 0; s < W; ++s)
     delta[s] = (off_policy && s < n) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
-  }
   compute_group(ex, p, x, delta);
 }
 
@@ -586,7 +600,7 @@ __device__ __forceinline__ void thread_group(int dtype, const void* __restrict__
 // of the CPU kernel's small-group path, with the group in registers. No shuffles, no shared memory.
 // Groups of size in (W, bound] are left to the launch's second kernel (size buckets, guards.h).
 template <int W>
-__global__ void __launch_bounds__(128) thread_kernel(int dtype, const void* __restrict__ values,
+__global__ void __launch_bounds__(128, 1) thread_kernel(int dtype, const void* __restrict__ values,
                                                      const int64_t* __restrict__ offsets,
                                                      const void* __restrict__ deltas, void* __restrict__ out,
                                                      int64_t num_groups, int64_t total, Params p, int64_t bound) {

@@ -194,6 +194,37 @@ BK_HD GroupK effective_k(int code, int n, int k, int small_groups) {
   return {kg < 1 ? 1 : kg, zero};
 }
 
+// a / b for many a and one b per group (a group's denominator: moderate, as for bk_div_moderate,
+// or 0 or +-inf). On the GPU the reciprocal is refined once per group and each quotient takes only
+// div_refine's final correction (the same result as bk_div_moderate); on the host an IEEE division.
+// Two registers: for b = 0 or +-inf the stored b is NaN, so the correction is NaN and the quotient
+// falls back to a * rcp(b), div_refine's special case, with no flag.
+struct GroupDivisor {
+  double b, r;
+  BK_HD explicit GroupDivisor(double denominator) : b(denominator), r(0.0) {
+#if defined(__CUDA_ARCH__)
+    double r0;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(b));
+    r = r0;
+    if (!(::fabs(b) < BK_INF) || b == 0.0) {
+      b = BK_NAN;
+    } else {  // div_refine's two Newton steps on the reciprocal
+      r = fma(fma(-b, r, 1.0), r, r);
+      r = fma(fma(-b, r, 1.0), r, r);
+    }
+#endif
+  }
+  BK_HD double operator()(double a) const {
+#if defined(__CUDA_ARCH__)
+    const double q0 = a * r;
+    const double q1 = fma(fma(-b, q0, a), r, q0);
+    return ::fabs(q1) < BK_INF ? q1 : q0;
+#else
+    return a / b;
+#endif
+  }
+};
+
 // Natural value -> requested scale -> too-small zeroing -> clip (NaN propagates, as torch.clamp).
 BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
   double a = natural;

@@ -64,6 +64,7 @@ struct Centre {
   double shrink;  // 1, or 2^-64 for extreme values
   double mean;    // the group mean times shrink
   BK_HD double residue(double v) const { return v * shrink - mean; }  // (v - mean) * shrink
+  BK_HD double unshrink(double r) const { return shrink == 1.0 ? r : r * 0x1p64; }  // r / shrink, exact
 };
 
 template <class Ex, class V>
@@ -226,8 +227,8 @@ BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emi
   // std is at least ~1/n there, so one moderate division per sample suffices. An eps term above
   // 2^1000 (values below ~2^-998 either way) is capped to keep the estimate in range.
   const double eps_r = eps * c.shrink * r.shrink;
-  const double denom = sd_r + (eps_r < 0x1p1000 ? eps_r : 0x1p1000);
-  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : bk_div_moderate(c.residue(v[s]) * r.shrink, denom)); });
+  const GroupDivisor by_denom(sd_r + (eps_r < 0x1p1000 ? eps_r : 0x1p1000));
+  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : by_denom(c.residue(v[s]) * r.shrink)); });
 }
 
 // One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
@@ -334,7 +335,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case BON_MAX_MEAN: {
       const Centre c = group_centre(ex, x);
       const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
-      ex.for_each([&](int s, int) { emit(s, x[s] == top ? bk_div_moderate(c.residue(x[s]), c.shrink) : 0.0); });
+      ex.for_each([&](int s, int) { emit(s, x[s] == top ? c.unshrink(c.residue(x[s])) : 0.0); });
       return;
     }
     case BON_MAX_SECOND: {
@@ -412,14 +413,15 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     }
     case DR_GRPO: {
       const Centre c = group_centre(ex, x);
-      ex.for_each([&](int s, int) { emit(s, bk_div_moderate(c.residue(x[s]), c.shrink)); });
+      ex.for_each([&](int s, int) { emit(s, c.unshrink(c.residue(x[s]))); });
       return;
     }
     case MAXRL: {  // (x - mean) / mean, 0 for every sample when the mean is 0 (spec 12)
       const Centre c = group_centre(ex, x);  // both terms carry the same shrink
       const Pow2Scale m = pow2_scale(::fabs(c.mean));  // mean * m.shrink in [1, 4): a moderate division
       const double mean_m = c.mean * m.shrink;
-      ex.for_each([&](int s, int) { emit(s, c.mean == 0.0 ? 0.0 : bk_div_moderate(c.residue(x[s]) * m.shrink, mean_m)); });
+      const GroupDivisor by_mean(mean_m);
+      ex.for_each([&](int s, int) { emit(s, c.mean == 0.0 ? 0.0 : by_mean(c.residue(x[s]) * m.shrink)); });
       return;
     }
     default:
