@@ -103,6 +103,7 @@ DECLARED = {
     ("bench/methods.py", "ESTIMATOR_SCALE"): "field:scale",
     ("bench/run.py", "QUICK_ESTIMATORS"): "sample",
     ("bench/cpu_limits.py", "ESTIMATORS"): "sample",
+    ("bench/gpu_limits.py", "ESTIMATORS"): "sample",
     ("bench/static_kernels.py", "ESTIMATORS"): "sample",
     ("bench/report.py", "est_order"): "sample",
     ("bench/gpu_check.py", "names"): "sample",

@@ -57,8 +57,10 @@ void sorted_deltas(const scalar_t* d, int n, const int32_t* src, const Params& p
   }
 }
 
-// The ascending order of a group of n <= W rewards with the lane sorts (the CUDA small-group
-// kernel's code): x[s] the s-th smallest, src[s] its index in the group.
+// The ascending order of a group of n <= W rewards by the lane executor's sorts: x[s] the s-th
+// smallest, src[s] its index in the group. (Floats: the packed variant, which gcc compiles
+// branch-free; the CUDA kernel sorts 32-bit keys with their indices. Both are host-tested in
+// csrc/tests/test_cuda_guards.cpp.)
 template <int W, typename scalar_t, class Vec>
 void lane_sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_t* src) {
   if (order_free_code) {
@@ -84,7 +86,8 @@ void lane_sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, i
   }
 }
 
-// One group of n <= W samples on the lane executor (the code of the CUDA small-group kernel).
+// One group of n <= W samples: compute_group on the lane executor, as the CUDA small-group kernel
+// runs it.
 template <int W, bool kFull, typename scalar_t>
 void lane_group_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
   using Ex = LaneExec<W, SlotValues<W>, kFull>;

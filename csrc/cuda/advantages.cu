@@ -3,8 +3,8 @@
 //
 // Size buckets, by the launch's bound on the group size (a host-side hint, guards.h):
 //   * n <= 16:   one thread per group (thread_kernel<8 or 16>): the lane executor of the CPU
-//                kernel's small-group path (lane_exec.h), the group in registers, a bitonic network
-//                on packed (float bits, index) keys; every launch starts with it;
+//                kernel's small-group path (lane_exec.h), the group in registers, an odd-even merge
+//                network on 32-bit float keys with their indices; every launch starts with it;
 //   * n <= 32:   then the sub-warp executor for the groups of 17..32 samples: 32 lanes per group,
 //                one element per lane, bitonic sort with shuffles, shuffle scans and reductions;
 //   * n <= 4096: or the block executor, one block per group of more than 16: cub::BlockRadixSort

@@ -15,7 +15,7 @@ enum BkDtype : int { BK_FLOAT32 = 0, BK_FLOAT64 = 1, BK_FLOAT16 = 2, BK_BFLOAT16
 extern "C" {
 #endif
 
-// One launch for the whole batch, on `stream` (a cudaStream_t: the caller's current stream; the
+// The whole batch in one or two launches (size buckets), on `stream` (a cudaStream_t: the caller's current stream; the
 // caller has made the tensors' device current). values, deltas and out hold `total` elements;
 // offsets holds num_groups + 1 entries, not validated: a malformed group or one larger than
 // max_group_size (the host-side bound that picks the kernel shape) is NaN-filled inside [0, total)

@@ -450,7 +450,7 @@ void check_sorts() {
       for (auto& x : v) x = (rep % 2) ? float(std::round(normal(rng) * 2) / 2) : float(normal(rng));
       if (n > 2) v[1] = -0.0f, v[2] = 0.0f;
       uint64_t k[bk::kNetworkSortMax];
-      for (int i = 0; i < n; ++i) k[i] = (uint64_t(bk::orderable_bits32(v[i])) << 32) | uint32_t(i);
+      for (int i = 0; i < n; ++i) k[i] = (uint64_t(bk::orderable_f32(v[i])) << 32) | uint32_t(i);
       bk::network_sort_packed(k, n);
       std::vector<float> want = v;
       std::sort(want.begin(), want.end());

@@ -14,6 +14,7 @@
 
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
+#include "bonkernels/lane_exec.h"  // orderable_f32
 
 namespace bk {
 
@@ -62,11 +63,6 @@ inline void radix_sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<s
 // compare-exchange is a branch-free min/max; comparison sorts mispredict on random keys.
 constexpr int kNetworkSortMax = 64;
 
-inline uint32_t orderable_bits32(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return (u >> 31) ? ~u : (u | 0x80000000u);
-}
 
 // The bitonic network for W inputs as a compile-time list of (min slot, max slot) pairs, so the
 // sort below unrolls completely with constant indices and the keys stay in registers.

@@ -1,0 +1,35 @@
+"""bench/gpu_limits.py: the verdicts against the issue's targets, and the whole flow on the CPU
+kernel (--dry-run), so the script a GPU session runs is exercised in CI."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import gpu_limits as gl  # noqa: E402
+
+
+def test_verdicts_apply_the_targets():
+    bandwidth = [{"backend": "cuda", "estimator": "maxk_loo1", "G": 1 << 20, "n": 16, "fraction_of_copy": 0.72},
+                 {"backend": "triton", "estimator": "maxk_loo1", "G": 1 << 20, "n": 16, "fraction_of_copy": 0.45},
+                 {"backend": "cuda", "estimator": "maxk_loo1", "G": 1 << 18, "n": 64, "fraction_of_copy": 0.1}]
+    small = [{"backend": "cuda", "estimator": "grpo", "G": 1024, "n": 16, "kernel_us": 4.0, "wall_us": 16.0},
+             {"backend": "cuda", "estimator": "maxk", "G": 1024, "n": 16, "kernel_us": 3.0, "wall_us": 9.0}]
+    lines = gl.verdicts(bandwidth, small)
+    assert len(lines) == 4                                # the n = 64 row has no target
+    assert lines[0].endswith(": met") and "72%" in lines[0]
+    assert lines[1].endswith("NOT met")                   # triton below 50 %
+    assert lines[2].endswith("NOT met")                   # wall 16 us >= 15 us
+    assert lines[3].endswith(": met")
+
+
+def test_dry_run_measures_every_cell(tmp_path):
+    assert gl.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "gpu_limits.json").read_text())
+    cells = {(r["estimator"], r["n"]) for r in data["bandwidth"]}
+    assert cells == {(e, n) for e in gl.ESTIMATORS for n in (8, 16, 64)}
+    assert all(r["time_us"] > 0 and 0 < r["fraction_of_copy"] for r in data["bandwidth"])
+    assert {r["estimator"] for r in data["small_batch"]} == set(gl.ESTIMATORS)
+    assert all(r["wall_us"] > 0 and r["kernel_us"] is None for r in data["small_batch"])  # no GPU: no profiler
+    assert (tmp_path / "REPORT.md").read_text().startswith("# GPU limits")
