@@ -57,10 +57,11 @@ LOG_FILE = None
 
 # Bound of each CUDA kernel shape (csrc/cuda/advantages.cu) and group sizes inside its bucket; the
 # last entries mix small and large groups under one bound (the launcher's two kernels, size buckets).
-CUDA_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 31, 32)), (256, (33, 100, 256)),
+CUDA_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 31, 32)), (64, (33, 50, 64)), (128, (65, 100, 128)),
+                (256, (129, 200, 256)),
                 (512, (257, 300, 512)), (1024, (513, 700, 1024)), (2048, (1025, 1500, 2048)),
                 (4096, (2049, 4096)), (32, (3, 16, 17, 32)), (256, (1, 8, 13, 16, 17, 64, 256)))
-QUICK_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 32)), (256, (33, 100)), (512, (257, 300)),
+QUICK_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 32)), (64, (33, 64)), (256, (33, 100)), (512, (257, 300)),
                  (64, (5, 16, 17, 64)))
 SECTIONS = ("kernels", "triton", "adversarial-native", "adversarial-triton", "streams", "graphs", "api",
             "policy_loss")

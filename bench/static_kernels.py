@@ -143,6 +143,8 @@ CUDA_VARIANTS = (
     CudaVariant("warp_kernel<8>", "warp_kernelILi8EE", 256, 8, 1, 8),
     CudaVariant("warp_kernel<16>", "warp_kernelILi16EE", 256, 16, 9, 16),
     CudaVariant("warp_kernel<32>", "warp_kernelILi32EE", 256, 32, 17, 32),
+    CudaVariant("block_kernel<32,2>", "block_kernelILi32ELi2EE", 32, 32, 33, 64),
+    CudaVariant("block_kernel<64,2>", "block_kernelILi64ELi2EE", 64, 64, 65, 128),
     CudaVariant("block_kernel<128,2>", "block_kernelILi128ELi2EE", 128, 128, 33, 256),
     CudaVariant("block_kernel<128,4>", "block_kernelILi128ELi4EE", 128, 128, 257, 512),
     CudaVariant("block_kernel<256,4>", "block_kernelILi256ELi4EE", 256, 256, 513, 1024),

@@ -95,11 +95,14 @@ def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(8).name == "thread_kernel<8>"
     assert sk.cuda_variant_for(16).name == "thread_kernel<16>"
     assert sk.cuda_variant_for(32).name == "warp_kernel<32>"
-    assert sk.cuda_variant_for(64).name == "block_kernel<128,2>"
+    assert sk.cuda_variant_for(64).name == "block_kernel<32,2>"
+    assert sk.cuda_variant_for(128).name == "block_kernel<64,2>"
+    assert sk.cuda_variant_for(256).name == "block_kernel<128,2>"
     # a build of the launcher before the size buckets (no small-group kernel): its sub-warp kernels
     old = {"warp_kernel<8>", "warp_kernel<16>", "warp_kernel<32>", "block_kernel<128,2>"}
     assert sk.cuda_variant_for(8, old).name == "warp_kernel<8>"
     assert sk.cuda_variant_for(16, old).name == "warp_kernel<16>"
+    assert sk.cuda_variant_for(64, old).name == "block_kernel<128,2>"
     assert sk.cuda_variant_for(1024).name == "block_kernel<256,4>"
     assert sk.cuda_variant_for(4096).name == "block_kernel<512,8>"
     assert sk.triton_block_for(5) == 8 and sk.triton_block_for(1024) == 1024

@@ -7,7 +7,8 @@
 //                network on 32-bit float keys with their indices; every launch starts with it;
 //   * n <= 32:   then the sub-warp executor for the groups of 17..32 samples: 32 lanes per group,
 //                one element per lane, bitonic sort with shuffles, shuffle scans and reductions;
-//   * n <= 4096: or the block executor, one block per group of more than 16: cub::BlockRadixSort
+//   * n <= 4096: or the block executor, one block per group of more than 16 (blocks of 32 threads
+//                up to 64 samples, 64 up to 128, then 128-512 threads): cub::BlockRadixSort
 //                (over the key bits the dtype can set up to 2048 samples: 9 passes for float32 and
 //                narrower, 16 for double),
 //                then per-thread serial scans over ITEMS consecutive ranks combined across threads
@@ -648,8 +649,8 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   const int n = max_group_size;
   // Size buckets (guards.h): groups of up to 16 samples run one per thread; when the bound is
   // larger, a second kernel shaped by it takes the groups above 16 (the small ones skip it).
-  const int cap = n <= 8 ? 8 : n <= kThreadKernelMax ? kThreadKernelMax : n <= 32 ? 32 : n <= 256 ? 256 : n <= 512 ? 512
-                : n <= 1024 ? 1024 : n <= 2048 ? 2048 : 4096;
+  const int cap = n <= 8 ? 8 : n <= kThreadKernelMax ? kThreadKernelMax : n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128
+                : n <= 256 ? 256 : n <= 512 ? 512 : n <= 1024 ? 1024 : n <= 2048 ? 2048 : 4096;
   const unsigned thread_blocks = unsigned((num_groups + 127) / 128);
   const unsigned warp32_blocks = unsigned((num_groups * 32 + 255) / 256);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
@@ -659,6 +660,8 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   const int lo = kThreadKernelMax;
   if (rc == cudaSuccess && n > kThreadKernelMax) {
     if (n <= 32) rc = launch(warp_kernel<32>, warp32_blocks, 256, BK_ARGS, lo);
+    else if (n <= 64) rc = launch(block_kernel<32, 2>, unsigned(num_groups), 32, BK_ARGS, lo);
+    else if (n <= 128) rc = launch(block_kernel<64, 2>, unsigned(num_groups), 64, BK_ARGS, lo);
     else if (n <= 256) rc = launch(block_kernel<128, 2>, unsigned(num_groups), 128, BK_ARGS, lo);
     else if (n <= 512) rc = launch(block_kernel<128, 4>, unsigned(num_groups), 128, BK_ARGS, lo);
     else if (n <= 1024) rc = launch(block_kernel<256, 4>, unsigned(num_groups), 256, BK_ARGS, lo);
