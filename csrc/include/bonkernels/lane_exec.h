@@ -2,8 +2,9 @@
 // fixed-width arrays of W slots (W = 8, 16, ...). Every loop runs over the W slots with a
 // compile-time trip count and masks the slots past n, so on the GPU (one thread per group, the
 // small-group CUDA kernel) the arrays live in registers, and on the host (the CPU kernel's path for
-// small groups) the compiler unrolls and vectorises them. The same code runs in both places: the
-// CPU tests of the CPU kernel are the tests of the GPU's small-group path.
+// small groups) the compiler unrolls and vectorises them. The same per-group code runs in both
+// places, so the CPU tests of the CPU kernel test the GPU's small-group path; only the sort's
+// variant differs (lane_sort_keys on the CPU, lane_sort_keys32 on the GPU, both host-tested).
 //
 // Weight tables: a linear estimator reads the call's bank (tables built once per call on the host
 // and cached, a mixture's or one k's; group_math.h's with_tables); the others (bon_mean,
@@ -18,8 +19,8 @@
 
 namespace bk {
 
-// The largest group the lane executor takes. The CPU kernel uses it up to this width; the CUDA
-// small-group kernel up to kLaneWidthCuda (registers: see csrc/cuda/advantages.cu).
+// The largest group the CPU kernel runs on the lane executor; the CUDA small-group kernel stops at
+// 16 (kThreadKernelMax in csrc/cuda/advantages.cu: registers).
 constexpr int kLaneWidthMax = 32;
 
 // Where LaneExec puts a final value: slot s of the sorted group (the caller scatters them).
