@@ -47,9 +47,9 @@ How SASS is counted (per thread: one warp-instruction is issued for each instruc
     weighted count of everything, a loose bound kept only to compare builds.
 
 The estimate (H200, N = 16M samples, groups of n):
-  * warp-instructions per sample = per-thread count x threads per group / n / 32 (sub-warp kernel:
-    W lanes per group; block kernel: BLOCK threads per group; Triton: num_warps x 32 threads per
-    GROUPS groups);
+  * warp-instructions per sample = per-thread count x threads per group / n / 32 (small-group
+    kernel: 1 thread per group; sub-warp kernel: W lanes per group; block kernel: BLOCK threads per
+    group; Triton: num_warps x 32 threads per GROUPS groups);
   * issue time = warp-instructions / (132 SMs x 4 schedulers x 1 warp-instruction per clock x
     1.98 GHz); dual issue is ignored (Hopper issues one per scheduler per clock);
   * pipe bounds, taken when larger: FP64 (DADD/DMUL/DFMA/DSETP/DMNMX and F64 conversions) at 64
