@@ -14,30 +14,36 @@
 namespace bk {
 namespace {
 
+// Reusable buffers of one thread's sorts.
+struct SortScratch {
+  std::vector<std::pair<double, int32_t>> pairs;
+  std::vector<uint64_t> packed, packed_buffer;
+  std::vector<std::pair<uint64_t, int32_t>> radix_buffer;
+};
+
 // The ascending order of one group's rewards: x[s] the s-th smallest, src[s] its index in the group
 // (any order for the order-free estimators). Floats narrower than double sort as packed
-// (orderable bits, index) words: a branch-free network up to 64 samples, a 32-bit radix sort
-// beyond (the rewards are recovered exactly from the words); doubles by sort_pairs.
+// (orderable bits, index) words: the lane executor's branch-free network up to 64 samples, a 32-bit
+// radix sort beyond (the rewards are recovered exactly from the words); doubles by sort_pairs.
 template <typename scalar_t, class Vec>
-void sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_t* src,
-                  std::vector<std::pair<double, int32_t>>& pairs, std::vector<uint64_t>& packed,
-                  std::vector<uint64_t>& packed_buffer, std::vector<std::pair<uint64_t, int32_t>>* radix_buffer) {
+void sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_t* src, SortScratch& scratch) {
   if (order_free_code) {
     for (int i = 0; i < n; ++i) x[i] = double(v[i]), src[i] = i;
   } else if (!std::is_same<scalar_t, double>::value) {  // (float bits, index) words
-    if (packed.size() < size_t(n) || packed.size() < size_t(kNetworkSortMax))
-      packed.resize(std::max<size_t>(n, kNetworkSortMax));
+    std::vector<uint64_t>& packed = scratch.packed;
+    if (packed.size() < std::max<size_t>(n, kNetworkSortMax)) packed.resize(std::max<size_t>(n, kNetworkSortMax));
     for (int i = 0; i < n; ++i) packed[i] = (uint64_t(orderable_f32(float(v[i]))) << 32) | uint32_t(i);
     if (n <= kNetworkSortMax) network_sort_packed(packed.data(), n);
-    else radix_sort_packed32(packed.data(), n, packed_buffer);
+    else radix_sort_packed32(packed.data(), n, scratch.packed_buffer);
     for (int s = 0; s < n; ++s) {
       src[s] = int32_t(uint32_t(packed[s]));
       x[s] = double(from_orderable_f32(uint32_t(packed[s] >> 32)));
     }
   } else {
+    std::vector<std::pair<double, int32_t>>& pairs = scratch.pairs;
     if (pairs.size() < size_t(n)) pairs.resize(n);
     for (int i = 0; i < n; ++i) pairs[i] = {double(v[i]), int32_t(i)};
-    sort_pairs(pairs.data(), n, radix_buffer);
+    sort_pairs(pairs.data(), n, &scratch.radix_buffer);
     for (int s = 0; s < n; ++s) x[s] = pairs[s].first, src[s] = pairs[s].second;
   }
 }
@@ -57,45 +63,17 @@ void sorted_deltas(const scalar_t* d, int n, const int32_t* src, const Params& p
   }
 }
 
-// The ascending order of a group of n <= W rewards by the lane executor's sorts: x[s] the s-th
-// smallest, src[s] its index in the group. (Floats: the packed variant, which gcc compiles
-// branch-free; the CUDA kernel sorts 32-bit keys with their indices. Both are host-tested in
-// csrc/tests/test_cuda_guards.cpp.)
-template <int W, typename scalar_t, class Vec>
-void lane_sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_t* src) {
-  if (order_free_code) {
-    for (int i = 0; i < n; ++i) x[i] = double(v[i]), src[i] = i;
-  } else if (!std::is_same<scalar_t, double>::value) {
-    uint64_t keys[W];  // (orderable float bits, index) in one word; padding sorts last
-    for (int i = 0; i < W; ++i)
-      keys[i] = i < n ? (uint64_t(orderable_f32(float(v[i]))) << 32) | uint32_t(i) : ~uint64_t(0);
-    lane_sort_keys<W>(keys);
-    for (int s = 0; s < n; ++s) {
-      src[s] = int32_t(uint32_t(keys[s]));
-      x[s] = double(from_orderable_f32(uint32_t(keys[s] >> 32)));
-    }
-  } else {
-    uint64_t keys[W];
-    int idx[W];
-    for (int i = 0; i < W; ++i) {
-      keys[i] = i < n ? orderable_f64(double(v[i])) : ~uint64_t(0);
-      idx[i] = i;
-    }
-    lane_sort_pairs<W>(keys, idx);
-    for (int s = 0; s < n; ++s) src[s] = idx[s], x[s] = from_orderable_f64(keys[s]);
-  }
-}
-
 // One group of n <= W samples: compute_group on the lane executor, as the CUDA small-group kernel
 // runs it.
 template <int W, bool kFull, typename scalar_t>
-void lane_group_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
+void lane_group_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p,
+                      SortScratch& scratch) {
   using Ex = LaneExec<W, SlotValues<W>, kFull>;
   Ex ex;
   ex.set_size(n);
   typename Ex::Vec x, delta;
   int32_t src[W];
-  lane_sorted_order<W>(v, n, order_free(p.code), x, src);
+  sorted_order(v, n, order_free(p.code), x, src, scratch);
   if (d != nullptr) sorted_deltas(d, n, src, p, delta);
   compute_group(ex, p, x, delta);
   for (int s = 0; s < n; ++s) out[src[s]] = static_cast<scalar_t>(ex.sink.v[s]);
@@ -103,9 +81,9 @@ void lane_group_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int n
 
 // A group of exactly W samples takes the variant with the size a constant (no masks).
 template <int W, typename scalar_t>
-void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
-  if (n == W) lane_group_sized<W, true>(v, d, out, n, p);
-  else lane_group_sized<W, false>(v, d, out, n, p);
+void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p, SortScratch& scratch) {
+  if (n == W) lane_group_sized<W, true>(v, d, out, n, p, scratch);
+  else lane_group_sized<W, false>(v, d, out, n, p, scratch);
 }
 
 template <typename scalar_t>
@@ -116,9 +94,7 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
   at::parallel_for(0, num_groups, grain, [&](int64_t g_begin, int64_t g_end) {
     SerialExec ex;
-    std::vector<std::pair<double, int32_t>> pairs;
-    std::vector<std::pair<uint64_t, int32_t>> radix_buffer;
-    std::vector<uint64_t> packed, packed_buffer;
+    SortScratch scratch;
     std::vector<int32_t> src;
     SerialExec::Vec x, delta;
     for (int64_t g = g_begin; g < g_end; ++g) {
@@ -132,17 +108,17 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       const int n = int(size);
       const scalar_t* d = off_policy ? deltas + base : nullptr;
       if (n <= 8) {
-        lane_group<8>(values + base, d, out + base, n, p);
+        lane_group<8>(values + base, d, out + base, n, p, scratch);
       } else if (n <= 16) {
-        lane_group<16>(values + base, d, out + base, n, p);
+        lane_group<16>(values + base, d, out + base, n, p, scratch);
       } else if (n <= kLaneWidthMax) {
-        lane_group<kLaneWidthMax>(values + base, d, out + base, n, p);
+        lane_group<kLaneWidthMax>(values + base, d, out + base, n, p, scratch);
       } else {
         ex.begin_group(n);
         ex.alloc(x);
         ex.alloc(delta);
         if (src.size() < size_t(n)) src.resize(n);
-        sorted_order(values + base, n, order_free(p.code), x, src.data(), pairs, packed, packed_buffer, &radix_buffer);
+        sorted_order(values + base, n, order_free(p.code), x, src.data(), scratch);
         if (d != nullptr) sorted_deltas(d, n, src.data(), p, delta);  // (only the off-policy estimators read delta)
         compute_group(ex, p, x, delta);
         const double* v = ex.values();

@@ -648,25 +648,30 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   }
   const int n = max_group_size;
   // Size buckets (guards.h): groups of up to 16 samples run one per thread; when the bound is
-  // larger, a second kernel shaped by it takes the groups above 16 (the small ones skip it).
-  const int cap = n <= 8 ? 8 : n <= kThreadKernelMax ? kThreadKernelMax : n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128
-                : n <= 256 ? 256 : n <= 512 ? 512 : n <= 1024 ? 1024 : n <= 2048 ? 2048 : 4096;
+  // larger, a second kernel shaped by it takes the groups above 16 (the small ones skip it). Every
+  // shape holds a power of two of samples (W, or BLOCK x ITEMS), so the bound's power of two picks it.
+  int cap = 8;
+  while (cap < n) cap *= 2;
   const unsigned thread_blocks = unsigned((num_groups + 127) / 128);
-  const unsigned warp32_blocks = unsigned((num_groups * 32 + 255) / 256);
+  const unsigned groups = unsigned(num_groups);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
-  if (n <= 8) rc = launch(thread_kernel<8>, thread_blocks, 128, BK_ARGS, int64_t(cap));
+  if (cap == 8) rc = launch(thread_kernel<8>, thread_blocks, 128, BK_ARGS, int64_t(cap));
   else rc = launch(thread_kernel<kThreadKernelMax>, thread_blocks, 128, BK_ARGS, int64_t(cap));
   const int lo = kThreadKernelMax;
-  if (rc == cudaSuccess && n > kThreadKernelMax) {
-    if (n <= 32) rc = launch(warp_kernel<32>, warp32_blocks, 256, BK_ARGS, lo);
-    else if (n <= 64) rc = launch(block_kernel<32, 2>, unsigned(num_groups), 32, BK_ARGS, lo);
-    else if (n <= 128) rc = launch(block_kernel<64, 2>, unsigned(num_groups), 64, BK_ARGS, lo);
-    else if (n <= 256) rc = launch(block_kernel<128, 2>, unsigned(num_groups), 128, BK_ARGS, lo);
-    else if (n <= 512) rc = launch(block_kernel<128, 4>, unsigned(num_groups), 128, BK_ARGS, lo);
-    else if (n <= 1024) rc = launch(block_kernel<256, 4>, unsigned(num_groups), 256, BK_ARGS, lo);
-    else if (n <= 2048) rc = launch(block_kernel<256, 8>, unsigned(num_groups), 256, BK_ARGS, lo);
-    else rc = launch(block_kernel<512, 8>, unsigned(num_groups), 512, BK_ARGS, lo);
+  if (rc == cudaSuccess) {
+    switch (cap) {
+      case 8:
+      case kThreadKernelMax: break;  // the small-group kernel took every group
+      case 32: rc = launch(warp_kernel<32>, unsigned((num_groups * 32 + 255) / 256), 256, BK_ARGS, lo); break;
+      case 64: rc = launch(block_kernel<32, 2>, groups, 32, BK_ARGS, lo); break;
+      case 128: rc = launch(block_kernel<64, 2>, groups, 64, BK_ARGS, lo); break;
+      case 256: rc = launch(block_kernel<128, 2>, groups, 128, BK_ARGS, lo); break;
+      case 512: rc = launch(block_kernel<128, 4>, groups, 128, BK_ARGS, lo); break;
+      case 1024: rc = launch(block_kernel<256, 4>, groups, 256, BK_ARGS, lo); break;
+      case 2048: rc = launch(block_kernel<256, 8>, groups, 256, BK_ARGS, lo); break;
+      default: rc = launch(block_kernel<512, 8>, groups, 512, BK_ARGS, lo); break;  // 4096
+    }
   }
 #undef BK_ARGS
   if (rc != cudaSuccess && err) snprintf(err, errlen, "%s: %s", cudaGetErrorName(rc), cudaGetErrorString(rc));

@@ -60,21 +60,9 @@ BK_HD GroupSpan bucket_group(int64_t begin, int64_t end, int64_t total, int64_t 
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }
 
-// The double's bits as an unsigned integer in the same order for every non-NaN value (-0 before
-// +0); NaNs land beyond +-inf by their sign. A total order on all 2^64 bit patterns.
-BK_HD uint64_t orderable_bits64(double d) {
-#if defined(__CUDA_ARCH__)
-  const uint64_t u = static_cast<uint64_t>(__double_as_longlong(d));
-#else
-  uint64_t u;
-  memcpy(&u, &d, sizeof(u));
-#endif
-  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
-}
-
 // Strict total order of sort entries: by key bits, then by source index (indices are distinct).
 BK_HD bool entry_less(double a, int ia, double b, int ib) {
-  const uint64_t ua = orderable_bits64(a), ub = orderable_bits64(b);
+  const uint64_t ua = orderable_f64(a), ub = orderable_f64(b);  // common.h
   return ua < ub || (ua == ub && ia < ib);
 }
 

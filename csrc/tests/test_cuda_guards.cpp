@@ -118,7 +118,7 @@ void radix_order(std::vector<double>& key, std::vector<int>& idx) {
   std::vector<int> perm(key.size());
   std::iota(perm.begin(), perm.end(), 0);
   std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) {
-    return bk::cuda::orderable_bits64(key[a]) < bk::cuda::orderable_bits64(key[b]);
+    return bk::orderable_f64(key[a]) < bk::orderable_f64(key[b]);
   });
   std::vector<double> k2(key.size());
   std::vector<int> i2(key.size());

@@ -36,16 +36,25 @@
 
 namespace bk {
 
+// The two parts of div_refine below (GroupDivisor uses them apart): two Newton steps on the reciprocal
+// estimate r0 of 1/b (finite, non-zero b); then a / b from the refined reciprocal r, one correction
+// of the quotient (a * r where the corrected quotient overflows).
+BK_HD double refine_reciprocal(double b, double r0) {
+  const double r = fma(fma(-b, r0, 1.0), r0, r0);
+  return fma(fma(-b, r, 1.0), r, r);
+}
+BK_HD double quotient_from_reciprocal(double a, double b, double r) {
+  const double q0 = a * r;
+  const double q1 = fma(fma(-b, q0, a), r, q0);
+  return ::fabs(q1) < BK_INF ? q1 : q0;
+}
+
 // a / b from an estimate r0 of 1/b good to ~20 bits: two Newton steps on the reciprocal, one
 // correction of the quotient (within an ulp or so). IEEE special cases as a / b: b = 0 or +-inf
 // give a * r0 (+-inf or +-0), an infinite or NaN a passes through. Host-testable with any r0.
 BK_HD double div_refine(double a, double b, double r0) {
   if (!(::fabs(b) < BK_INF) || b == 0.0) return a * r0;
-  double r = fma(fma(-b, r0, 1.0), r0, r0);
-  r = fma(fma(-b, r, 1.0), r, r);
-  const double q0 = a * r;
-  const double q1 = fma(fma(-b, q0, a), r, q0);
-  return ::fabs(q1) < BK_INF ? q1 : q0;
+  return quotient_from_reciprocal(a, b, refine_reciprocal(b, r0));
 }
 
 // a / b from an estimator rcp(x) of 1/x that is only good (~20 bits) for |x| in [2^-1000, 2^1000]:
@@ -141,6 +150,42 @@ BK_HD uint64_t double_to_bits(double d) {
 #endif
 }
 
+// A float's bits as an unsigned integer in the same order (negatives: all bits flipped; the rest:
+// sign bit set), and back. Exact for every float, so a float16/bfloat16/float32 reward is recovered
+// from its sort key without a second load.
+BK_HD uint32_t orderable_f32(float f) {
+  uint32_t u;
+#if defined(__CUDA_ARCH__)
+  u = __float_as_uint(f);
+#else
+  memcpy(&u, &f, sizeof(u));
+#endif
+  return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+BK_HD float from_orderable_f32(uint32_t o) {
+  const uint32_t u = (o >> 31) ? (o & 0x7fffffffu) : ~o;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+// The same for doubles: unsigned integers in the same order (-0 before +0; a total order on all
+// 2^64 bit patterns, NaNs beyond +-inf by their sign), and back. The sort key of every sort in
+// the native kernels (CPU radix and comparison sorts, the lane networks, the CUDA guards' order).
+BK_HD uint64_t orderable_f64(double d) {
+  const uint64_t u = double_to_bits(d);
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+BK_HD double from_orderable_f64(uint64_t o) {
+  return bits_to_double((o >> 63) ? (o & 0x7fffffffffffffffull) : ~o);
+}
+
 // An exact power-of-two rescaling of magnitudes up to a (a >= 0): a * shrink lies in [1, 4)
 // (subnormal a: well inside the normal range) and grow = 1 / shrink, both powers of two. Squares of values scaled so
 // neither overflow nor underflow; zero, inf and NaN get 1 (nothing to rescale).
@@ -206,19 +251,13 @@ struct GroupDivisor {
     double r0;
     asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(b));
     r = r0;
-    if (!(::fabs(b) < BK_INF) || b == 0.0) {
-      b = BK_NAN;
-    } else {  // div_refine's two Newton steps on the reciprocal
-      r = fma(fma(-b, r, 1.0), r, r);
-      r = fma(fma(-b, r, 1.0), r, r);
-    }
+    if (!(::fabs(b) < BK_INF) || b == 0.0) b = BK_NAN;
+    else r = refine_reciprocal(b, r0);
 #endif
   }
   BK_HD double operator()(double a) const {
 #if defined(__CUDA_ARCH__)
-    const double q0 = a * r;
-    const double q1 = fma(fma(-b, q0, a), r, q0);
-    return ::fabs(q1) < BK_INF ? q1 : q0;
+    return quotient_from_reciprocal(a, b, r);
 #else
     return a / b;
 #endif

@@ -3,8 +3,9 @@
 // compile-time trip count and masks the slots past n, so on the GPU (one thread per group, the
 // small-group CUDA kernel) the arrays live in registers, and on the host (the CPU kernel's path for
 // small groups) the compiler unrolls and vectorises them. The same per-group code runs in both
-// places, so the CPU tests of the CPU kernel test the GPU's small-group path; only the sort's
-// variant differs (lane_sort_keys on the CPU, lane_sort_keys32 on the GPU, both host-tested).
+// places, so the CPU tests of the CPU kernel test the GPU's small-group path; only the sort
+// differs (the CPU: lane_sort_keys for floats, sort_pairs for doubles; the GPU: lane_sort_keys32 and
+// lane_sort_pairs; all host-tested).
 //
 // Weight tables: a linear estimator reads the call's bank (tables built once per call on the host
 // and cached, a mixture's or one k's; group_math.h's with_tables); the others (bon_mean,
@@ -12,7 +13,6 @@
 #pragma once
 
 #include <stdint.h>
-#include <string.h>
 
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
@@ -138,41 +138,6 @@ struct LaneExec : LaneSize<W, kFull> {
 };
 
 // ----------------------------------------------------------------------------- sorting a lane's group
-
-// A float's bits as an unsigned integer in the same order (negatives: all bits flipped; the rest:
-// sign bit set), and back. Exact for every float, so a float16/bfloat16/float32 reward is recovered
-// from its sort key without a second load.
-BK_HD uint32_t orderable_f32(float f) {
-  uint32_t u;
-#if defined(__CUDA_ARCH__)
-  u = __float_as_uint(f);
-#else
-  memcpy(&u, &f, sizeof(u));
-#endif
-  return (u >> 31) ? ~u : (u | 0x80000000u);
-}
-
-BK_HD float from_orderable_f32(uint32_t o) {
-  const uint32_t u = (o >> 31) ? (o & 0x7fffffffu) : ~o;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  memcpy(&f, &u, sizeof(f));
-  return f;
-#endif
-}
-
-// The same for doubles: unsigned integers in the same order (a total order on all bit patterns;
-// NaNs land beyond +-inf by their sign), and back.
-BK_HD uint64_t orderable_f64(double d) {
-  const uint64_t u = double_to_bits(d);
-  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
-}
-
-BK_HD double from_orderable_f64(uint64_t o) {
-  return bits_to_double((o >> 63) ? (o & 0x7fffffffffffffffull) : ~o);
-}
 
 // Batcher's odd-even merge sort over W slots (W a power of two) as compile-time passes: pass (P, K)
 // calls exchange(i, j) (min to i, max to j) for its pairs i < j. 63 exchanges for W = 16 and 19

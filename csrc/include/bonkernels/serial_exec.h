@@ -7,26 +7,19 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <cstdint>
 #include <utility>
+#include <cstdint>
 #include <cstddef>
 #include <vector>
 
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
-#include "bonkernels/lane_exec.h"  // orderable_f32
+#include "bonkernels/lane_exec.h"  // lane_sort_keys
 
 namespace bk {
 
 // Group size above which the CPU kernel radix-sorts (faster than std::sort at n = 64 already).
 constexpr int kRadixSortMin = 32;
-
-// Doubles as unsigned integers in the same order (flip all bits of negatives, the sign of the rest).
-inline uint64_t orderable_bits(double d) {
-  uint64_t u;
-  std::memcpy(&u, &d, sizeof(u));
-  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
-}
 
 // LSD radix sort of (key, index) pairs by the key's orderable bits, 8 bits per pass; a pass whose
 // digit is the same for every key is skipped (exponent bytes usually are). O(n) per group.
@@ -35,7 +28,7 @@ inline void radix_sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<s
   buf.resize(size_t(2) * n);
   std::pair<uint64_t, int32_t>* src = buf.data();
   std::pair<uint64_t, int32_t>* dst = buf.data() + n;
-  for (int i = 0; i < n; ++i) src[i] = {orderable_bits(a[i].first), a[i].second};
+  for (int i = 0; i < n; ++i) src[i] = {orderable_f64(a[i].first), a[i].second};
   for (int shift = 0; shift < 64; shift += 8) {
     uint32_t count[256] = {0};
     for (int i = 0; i < n; ++i) ++count[(src[i].first >> shift) & 0xff];
@@ -49,72 +42,28 @@ inline void radix_sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<s
     for (int i = 0; i < n; ++i) dst[count[(src[i].first >> shift) & 0xff]++] = src[i];
     std::swap(src, dst);
   }
-  for (int i = 0; i < n; ++i) {  // back to doubles: the inverse of orderable_bits
-    const uint64_t u = src[i].first;
-    const uint64_t bits = (u >> 63) ? (u & 0x7fffffffffffffffull) : ~u;
-    double d;
-    std::memcpy(&d, &bits, sizeof(d));
-    a[i] = {d, src[i].second};
-  }
+  for (int i = 0; i < n; ++i) a[i] = {from_orderable_f64(src[i].first), src[i].second};
 }
 
 // Small groups of float/half/bfloat16 values: the float's orderable bits and the index packed in
-// one uint64, sorted by a bitonic network over W = 8, 16, 32 or 64 slots (padded with ~0). Every
-// compare-exchange is a branch-free min/max; comparison sorts mispredict on random keys.
+// one uint64, sorted by the lane executor's branch-free network (lane_exec.h) over W = 8, 16, 32 or
+// 64 slots (padded with ~0); comparison sorts mispredict on random keys.
 constexpr int kNetworkSortMax = 64;
 
-
-// The bitonic network for W inputs as a compile-time list of (min slot, max slot) pairs, so the
-// sort below unrolls completely with constant indices and the keys stay in registers.
-template <int W>
-struct BitonicNetwork {
-  static constexpr int kPairs = [] {
-    int count = 0;
-    for (int size = 2; size <= W; size <<= 1)
-      for (int stride = size / 2; stride > 0; stride >>= 1) count += W / 2;
-    return count;
-  }();
-  struct Pairs {
-    int lo[kPairs], hi[kPairs];
-  };
-  static constexpr Pairs pairs = [] {
-    Pairs p{};
-    int c = 0;
-    for (int size = 2; size <= W; size <<= 1)
-      for (int stride = size / 2; stride > 0; stride >>= 1)
-        for (int i = 0; i < W; ++i) {
-          const int j = i ^ stride;
-          if (j > i) {
-            const bool ascending = (i & size) == 0;
-            p.lo[c] = ascending ? i : j;
-            p.hi[c] = ascending ? j : i;
-            ++c;
-          }
-        }
-    return p;
-  }();
-};
-
-template <int W, size_t... I>
-inline void network_sort_u64_impl(uint64_t* k, std::index_sequence<I...>) {
-  auto exchange = [k](int a, int b) {
-    const uint64_t x = k[a], y = k[b];
-    k[a] = x < y ? x : y;
-    k[b] = x < y ? y : x;
-  };
-  (exchange(BitonicNetwork<W>::pairs.lo[I], BitonicNetwork<W>::pairs.hi[I]), ...);
-}
-
-template <int W>
-inline void network_sort_u64(uint64_t* k) {
-  network_sort_u64_impl<W>(k, std::make_index_sequence<BitonicNetwork<W>::kPairs>{});
+// Sorts the packed keys k[0..n) (n <= kNetworkSortMax; k needs room for the padded width).
+inline void network_sort_packed(uint64_t* k, int n) {
+  const int W = n <= 8 ? 8 : (n <= 16 ? 16 : (n <= 32 ? 32 : 64));
+  for (int i = n; i < W; ++i) k[i] = ~uint64_t(0);
+  if (W == 8) lane_sort_keys<8>(k);
+  else if (W == 16) lane_sort_keys<16>(k);
+  else if (W == 32) lane_sort_keys<32>(k);
+  else lane_sort_keys<64>(k);
 }
 
 // LSD radix sort of packed (orderable float bits << 32 | index) words by their upper 32 bits, 11
 // bits a pass (3 passes, their histograms from one read; a pass whose digit is the same for every
-// word is skipped): the sort of the
-// larger groups of float32/float16/bfloat16 rewards, half the bytes and passes of a sort of the
-// doubles they widen to. Stable, so equal keys keep their index order. buf: scratch (grown).
+// word is skipped): the sort of the larger groups of float32/float16/bfloat16 rewards, half the
+// bytes and passes of a sort of the doubles they widen to. Stable, so equal keys keep their index order. buf: scratch (grown).
 inline void radix_sort_packed32(uint64_t* a, int n, std::vector<uint64_t>& buf) {
   if (n <= 1) return;
   if (buf.size() < size_t(n)) buf.resize(n);
@@ -145,16 +94,6 @@ inline void radix_sort_packed32(uint64_t* a, int n, std::vector<uint64_t>& buf) 
   if (src != a) std::memcpy(a, src, sizeof(uint64_t) * size_t(n));
 }
 
-// Sorts the packed keys k[0..n) (n <= kNetworkSortMax; k needs room for the padded width).
-inline void network_sort_packed(uint64_t* k, int n) {
-  const int W = n <= 8 ? 8 : (n <= 16 ? 16 : (n <= 32 ? 32 : 64));
-  for (int i = n; i < W; ++i) k[i] = ~uint64_t(0);
-  if (W == 8) network_sort_u64<8>(k);
-  else if (W == 16) network_sort_u64<16>(k);
-  else if (W == 32) network_sort_u64<32>(k);
-  else network_sort_u64<64>(k);
-}
-
 // Sort (key, index) pairs ascending by key: insertion sort for tiny groups, std::sort up to
 // kRadixSortMin, an O(n) radix sort beyond. Ties may land in any order (every estimator is
 // tie-invariant). NaN keys are safe: every pair comes out once (the group is then all NaN).
@@ -175,7 +114,7 @@ inline void sort_pairs(std::pair<double, int32_t>* a, int n, std::vector<std::pa
     // By the orderable bits: a total order even with NaN keys (a NaN breaks `<`'s strict weak
     // order, and std::sort may then run past the range).
     std::sort(a, a + n, [](const std::pair<double, int32_t>& l, const std::pair<double, int32_t>& r) {
-      return orderable_bits(l.first) < orderable_bits(r.first);
+      return orderable_f64(l.first) < orderable_f64(r.first);
     });
   }
 }
