@@ -4,9 +4,13 @@
 // Size buckets, by the launch's bound on the group size (a host-side hint, guards.h):
 //   * n <= 16:   one thread per group (thread_kernel<8 or 16>): the lane executor of the CPU
 //                kernel's small-group path (lane_exec.h), the group in registers, an odd-even merge
-//                network on 32-bit float keys with their indices; every launch starts with it;
-//   * n <= 32:   then the sub-warp executor for the groups of 17..32 samples: 32 lanes per group,
-//                one element per lane, bitonic sort with shuffles, shuffle scans and reductions;
+//                network on the float rewards with their indices (float64: on (key, index) pairs);
+//                every launch starts with it;
+//   * n <= 32:   float32 rewards and a call a wide lane takes (grpo; maxk, pass@k, maxk_loo1
+//                from a bank): thread_kernel<32> for all the groups of the launch, its arrays in
+//                float; otherwise thread_kernel<16>, then the sub-warp executor for the groups of 17..32
+//                samples: 32 lanes per group, one element per lane, bitonic sort with shuffles,
+//                shuffle scans and reductions;
 //   * n <= 4096: or the block executor, one block per group of more than 16 (blocks of 32 threads
 //                up to 64 samples, 64 up to 128, then 128-512 threads): cub::BlockRadixSort
 //                (over the key bits the dtype can set up to 2048 samples: 9 passes for float32 and
@@ -73,6 +77,19 @@ __device__ __forceinline__ double load_value(int dtype, const void* p, int64_t i
     case BK_FLOAT64: return static_cast<const double*>(p)[i];
     case BK_FLOAT16: return double(__half2float(static_cast<const __half*>(p)[i]));
     default: return double(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+  }
+}
+
+__device__ __forceinline__ int64_t element_size(int dtype) {
+  return dtype == BK_FLOAT64 ? 8 : (dtype == BK_FLOAT32 ? 4 : 2);
+}
+
+// A value already rounded to float, into a float32/float16/bfloat16 output.
+__device__ __forceinline__ void store_rounded(int dtype, void* p, int64_t i, float f) {
+  switch (dtype) {
+    case BK_FLOAT32: static_cast<float*>(p)[i] = f; break;
+    case BK_FLOAT16: static_cast<__half*>(p)[i] = __float2half_rn(f); break;
+    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(f); break;
   }
 }
 
@@ -539,61 +556,103 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 
 // ----------------------------------------------------------------------------- small-group kernel
 
-// Where the lane executor's final values go on the device: straight to the output, by source index.
-template <int W>
+// Group sizes the small-group kernel takes: up to 16 for every call, and up to 32 as a wide lane
+// (kWideLane below): float32 rewards and the calls group_math.h's wide_lane_takes accepts. Wider
+// than 16, float64 (key, index) pairs and the other estimators' extra arrays would not fit in
+// registers.
+constexpr int kThreadKernelMax = 16;
+constexpr int kThreadKernelMaxWide = 32;
+
+// Where the lane executor's final values go on the device: straight to the output, by source index,
+// clipped on the way (kClipsOnStore: in single precision after the rounding for the narrow types,
+// clip_rounded in guards.h; in double for float64).
+
+template <int W, bool kFull>
 struct OutputSink {
+  static constexpr bool kClipsOnStore = true;
+  // Above 16 samples the registers hold the group, its indices and the bank's entries, not the
+  // extra arrays of the other estimators: the launcher sends only wide_lane_takes calls there.
+  static constexpr bool kWideLane = W > kThreadKernelMax;
   int idx[W];  // source index (within the group) of sorted slot s
   int n;
-  int64_t base;
-  void* out;
+  void* out;   // the group's first output (element span.lo)
   int dtype;
+  float lo, hi;  // the clip bounds rounded to float (narrow types)
+  const Params* p;
   __device__ __forceinline__ void operator()(int s, double v) {
-    if (idx[s] < n) store_value(dtype, out, base + idx[s], v);  // a permutation: always true
+    // Never taken: the sort is a permutation of the slots with the samples first (host-tested); a
+    // full group has no padding, so every index is below W = n.
+    if (!kFull && idx[s] >= n) return;
+    if (dtype == BK_FLOAT64) store_value(dtype, out, idx[s], clip_value(*p, v));
+    else store_rounded(dtype, out, idx[s], clip_rounded(float(v), lo, hi));
   }
 };
+
+// Loads a group of float64 rewards into (orderable bits, index) pairs and sorts them; padding past
+// n sorts last. A NaN or inf sorts too (the order is total on the bits), and compute_group then
+// NaN-fills the group by slot, as it does for the narrow types.
+template <int W, class Ex>
+__device__ __forceinline__ void load_sorted_f64(const void* __restrict__ values, const GroupSpan& span, bool sort,
+                                                Ex& ex, typename Ex::Vec& x) {
+  uint64_t key[W];
+  BK_UNROLL
+  for (int i = 0; i < W; ++i) {
+    key[i] = i < ex.n ? orderable_f64(static_cast<const double*>(values)[span.lo + i]) : ~uint64_t(0);
+    ex.sink.idx[i] = i;
+  }
+  if (sort) lane_sort_pairs<W>(key, ex.sink.idx);
+  BK_UNROLL
+  for (int s = 0; s < W; ++s) x[s] = from_orderable_f64(key[s]);
+}
+
+// Loads a group of float32/float16/bfloat16 rewards and sorts them (lane_sort_floats: the rewards
+// are the keys; padding past n is +inf). False, with nothing sorted, when a reward is NaN or inf:
+// the caller NaN-fills the group by source index (the NaN contract; the sort needs finite keys).
+template <int W, class Ex>
+__device__ __forceinline__ bool load_sorted_narrow(int dtype, const void* __restrict__ values, const GroupSpan& span,
+                                                   bool sort, Ex& ex, typename Ex::Vec& x) {
+  float key[W];
+  BK_UNROLL
+  for (int i = 0; i < W; ++i) key[i] = i < ex.n ? float(load_value(dtype, values, span.lo + i)) : 0.0f;
+  if (!sort_finite_floats<W>(key, ex.sink.idx, ex.n, sort)) return false;
+  BK_UNROLL
+  for (int s = 0; s < W; ++s) x[s] = double(key[s]);
+  return true;
+}
 
 // One group of n <= W samples at span.lo (kFull: n == W, the size a compile-time constant).
 template <int W, bool kFull>
 __device__ __forceinline__ void thread_group(int dtype, const void* __restrict__ values, const void* __restrict__ deltas,
                                              void* __restrict__ out, const Params& p, const GroupSpan& span, int n) {
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
-  using Ex = LaneExec<W, OutputSink<W>, kFull>;
+  using Ex = LaneExec<W, OutputSink<W, kFull>, kFull>;
   Ex ex;
   ex.set_size(n);
   ex.sink.n = n;
-  ex.sink.base = span.lo;
-  ex.sink.out = out;
+  ex.sink.out = static_cast<char*>(out) + span.lo * element_size(dtype);
   ex.sink.dtype = dtype;
+  ex.sink.lo = float(p.clip_lo);
+  ex.sink.hi = float(p.clip_hi);
+  ex.sink.p = &p;
   typename Ex::Vec x, delta;
-  // Load and sort, as the CPU kernel's lane path does: float keys or, for doubles, (orderable bits,
-  // index) pairs; padding past n sorts last. A non-finite reward or delta makes compute_group
-  // NaN-fill the group (the sort is a permutation whatever the bits). One scope per key width, so
-  // the two key arrays are never live together (registers).
+  // Load and sort (the order-free estimators skip the sort). One scope per key width, so the two
+  // key arrays are never live together (registers). A non-finite delta makes compute_group
+  // NaN-fill the group.
   const bool sort = !order_free(p.code);
-  if (dtype == BK_FLOAT64) {
-    uint64_t key[W];
-    BK_UNROLL
-    for (int i = 0; i < W; ++i) {
-      key[i] = i < n ? orderable_f64(load_value(dtype, values, span.lo + i)) : ~uint64_t(0);
-      ex.sink.idx[i] = i;
-    }
-    if (sort) lane_sort_pairs<W>(key, ex.sink.idx);
-    BK_UNROLL
-    for (int s = 0; s < W; ++s) x[s] = from_orderable_f64(key[s]);
+  bool loaded = true;
+  if constexpr (W <= kThreadKernelMax) {
+    if (dtype == BK_FLOAT64) load_sorted_f64<W>(values, span, sort, ex, x);
+    else loaded = load_sorted_narrow<W>(dtype, values, span, sort, ex, x);
   } else {
-    uint32_t key[W];
-    BK_UNROLL
-    for (int i = 0; i < W; ++i) {
-      key[i] = i < n ? orderable_f32(float(load_value(dtype, values, span.lo + i))) : kLanePad;
-      ex.sink.idx[i] = i;
-    }
-    if (sort) lane_sort_keys32<W>(key, ex.sink.idx);
-    BK_UNROLL
-    for (int s = 0; s < W; ++s) x[s] = double(from_orderable_f32(key[s]));
+    loaded = load_sorted_narrow<W>(dtype, values, span, sort, ex, x);  // the launcher never sends float64 here
+  }
+  if (!loaded) {
+    nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+    return;
   }
   BK_UNROLL
-  for (int s = 0; s < W; ++s)
-    delta[s] = (off_policy && s < n) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
+  for (int s = 0; s < W; ++s)  // a wide lane takes no off-policy call (wide_lane_takes)
+    delta[s] = (!Ex::kWideLane && off_policy && s < ex.n) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
 }
 
@@ -612,6 +671,9 @@ __global__ void __launch_bounds__(128, 1) thread_kernel(int dtype, const void* _
   if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
   if (span.action != GROUP_COMPUTE) return;
   const int n = int(span.hi - span.lo);
+  // The wide kernel takes float32 only (the launcher): a constant dtype drops the other types'
+  // loads and stores from its code (registers).
+  if constexpr (W > kThreadKernelMax) dtype = BK_FLOAT32;
   if (kStaticFullGroups || n == W) thread_group<W, true>(dtype, values, deltas, out, p, span, n);
   else thread_group<W, false>(dtype, values, deltas, out, p, span, n);
 }
@@ -625,9 +687,6 @@ cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_
   kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p, extra);
   return cudaGetLastError();
 }
-
-// Group sizes the small-group kernel takes (registers: thread_kernel<32> would spill).
-constexpr int kThreadKernelMax = 16;
 
 }  // namespace cuda
 }  // namespace bk
@@ -653,17 +712,24 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   int cap = 8;
   while (cap < n) cap *= 2;
   const unsigned thread_blocks = unsigned((num_groups + 127) / 128);
+  // thread_kernel<32>: float32 rewards and the calls a wide lane computes (group_math.h).
+  const bool wide_thread_kernel = dtype == BK_FLOAT32 && bk::wide_lane_takes(params.code, params.bank != nullptr);
   const unsigned groups = unsigned(num_groups);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
   if (cap == 8) rc = launch(thread_kernel<8>, thread_blocks, 128, BK_ARGS, int64_t(cap));
+  else if (cap == kThreadKernelMaxWide && wide_thread_kernel)
+    rc = launch(thread_kernel<kThreadKernelMaxWide>, thread_blocks, 128, BK_ARGS, int64_t(cap));
   else rc = launch(thread_kernel<kThreadKernelMax>, thread_blocks, 128, BK_ARGS, int64_t(cap));
   const int lo = kThreadKernelMax;
   if (rc == cudaSuccess) {
     switch (cap) {
       case 8:
       case kThreadKernelMax: break;  // the small-group kernel took every group
-      case 32: rc = launch(warp_kernel<32>, unsigned((num_groups * 32 + 255) / 256), 256, BK_ARGS, lo); break;
+      case kThreadKernelMaxWide:
+        if (wide_thread_kernel) break;  // thread_kernel<32> took every group
+        rc = launch(warp_kernel<32>, unsigned((num_groups * 32 + 255) / 256), 256, BK_ARGS, lo);
+        break;
       case 64: rc = launch(block_kernel<32, 2>, groups, 32, BK_ARGS, lo); break;
       case 128: rc = launch(block_kernel<64, 2>, groups, 64, BK_ARGS, lo); break;
       case 256: rc = launch(block_kernel<128, 2>, groups, 128, BK_ARGS, lo); break;

@@ -60,6 +60,31 @@ BK_HD GroupSpan bucket_group(int64_t begin, int64_t end, int64_t total, int64_t 
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }
 
+// The clip of a float output, applied after the rounding to float: rounding to nearest is monotone,
+// so clip(round(a), round(lo), round(hi)) == round(clip(a, lo, hi)) for lo <= hi (and the same
+// through float for float16/bfloat16 outputs). The small-group kernel clips here, in single
+// precision, where the double clip costs two double compares and four selects per sample. A NaN
+// passes through (as in torch.clamp); the bounds are never NaN.
+BK_HD float max_keep_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || a > b) ? a : b;
+#endif
+}
+BK_HD float min_keep_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || a < b) ? a : b;
+#endif
+}
+BK_HD float clip_rounded(float f, float lo, float hi) { return min_keep_nan(max_keep_nan(f, lo), hi); }
+
 // Strict total order of sort entries: by key bits, then by source index (indices are distinct).
 BK_HD bool entry_less(double a, int ia, double b, int ib) {
   const uint64_t ua = orderable_f64(a), ub = orderable_f64(b);  // common.h

@@ -7,10 +7,12 @@
 //     for any keys (NaN, -NaN, +-inf, -0, subnormals), and the whole group flow writes every sample
 //     exactly once, inside the group, NaN for a group with a non-finite value;
 //   * the block kernel's flow (radix order of the keys, as cub::BlockRadixSort orders doubles);
-//   * the small-group kernel (one thread per group, W = 8, 16): its lane sorts (odd-even merge networks on packed float keys,
-//     and (key, index) pairs for doubles) order every group as std::sort does and are permutations
+//   * the small-group kernel (one thread per group, W = 8, 16, and 32 for float32 and narrower): its lane sorts
+//     (odd-even merge networks on the float rewards with their indices, after a check that refuses
+//     NaN and inf, and on (key, index) pairs for doubles) order every group as std::sort does and are permutations
 //     for any bit patterns; size buckets (bucket_group) give every sample of a batch exactly one
-//     writer across the launch's two kernels, for malformed offsets and undersized bounds too;
+//     writer across the launch's two kernels, for malformed offsets and undersized bounds too; its
+//     clip in single precision after the rounding gives the float of the double clip;
 //   * the checks can fail: the flows before the fix (NaN/inf not pre-checked, stores gated by
 //     sorted position only, the IEEE compare in the network) are run through the same checks and
 //     must be caught writing outside the group or leaving samples unwritten.
@@ -283,23 +285,43 @@ void lane_sorts_once(std::mt19937_64& rng, int n, int mode) {
     const double back = bk::from_orderable_f64(key[s]), want = vals[size_t(idx[s])];
     expect(std::memcmp(&back, &want, sizeof(back)) == 0, "from_orderable_f64 recovers the value bit for bit", W, s);
   }
-  // Floats: 32-bit keys (orderable_f32; padding kLanePad) with their indices.
-  uint32_t k32[W];
+  // Floats, as the small-group kernel takes float32 and narrower: the rewards are the keys
+  // (sort_finite_floats pads with +inf and refuses a NaN or inf).
+  float fkey[W];
   int src[W];
   std::vector<float> f(static_cast<size_t>(n));
-  for (int i = 0; i < W; ++i) {
-    if (i < n) f[size_t(i)] = (mode == 2 && i == 0) ? nan_max_payload() : float(vals[size_t(i)]);
-    k32[i] = i < n ? bk::orderable_f32(f[size_t(i)]) : bk::kLanePad;
-    src[i] = i;
+  for (int i = 0; i < n; ++i) {
+    f[size_t(i)] = float(vals[size_t(i)]);
+    if (!std::isfinite(f[size_t(i)])) f[size_t(i)] = rng() % 2 ? 3.4e38f : -3.4e38f;  // refused: checked below
+    if (mode == 1 && rng() % 2) f[size_t(i)] = rng() % 2 ? -0.0f : 0.0f;  // signed zeros
+    if (mode == 1 && rng() % 4 == 0) f[size_t(i)] = (rng() % 2 ? -1.0f : 1.0f) * 1e-45f;  // subnormals
+    fkey[i] = f[size_t(i)];
   }
-  bk::lane_sort_keys32<W>(k32, src);
-  expect(is_permutation_of_lanes(std::vector<int>(src, src + W)), "lane_sort_keys32 is a permutation of the slots", W, n);
-  for (int s = 0; s + 1 < W; ++s) expect(k32[s] <= k32[s + 1], "lane_sort_keys32 ascending", W, s);
-  for (int s = 0; s < n; ++s) {
-    expect(src[s] < n, "samples sort before the padding (NaN payloads included)", W, s);
-    const float back = bk::from_orderable_f32(k32[s]), want = f[size_t(src[s])];
-    if (std::isnan(want)) expect(std::isnan(back), "a NaN's key decodes to a NaN", W, s);
-    else expect(std::memcmp(&back, &want, sizeof(back)) == 0, "from_orderable_f32 recovers the value bit for bit", W, s);
+  for (int i = n; i < W; ++i) fkey[i] = -123.0f;  // garbage past n: the prologue pads it
+  const bool sorted = bk::sort_finite_floats<W>(fkey, src, n, true);
+  expect(sorted, "finite rewards are sorted", W, n);
+  expect(is_permutation_of_lanes(std::vector<int>(src, src + W)), "lane_sort_floats is a permutation of the slots", W, n);
+  for (int s = 0; s + 1 < W; ++s) expect(fkey[s] <= fkey[s + 1], "lane_sort_floats ascending", W, s);
+  for (int s = 0; s < W; ++s) {
+    if (s >= n) {
+      expect(src[s] >= n && std::isinf(fkey[s]), "the padding sorts last", W, s);
+      continue;
+    }
+    expect(src[s] < n, "samples sort before the padding", W, s);
+    // key and index stay paired (a signed zero may sit on the slot of the other sign: equal keys)
+    expect(fkey[s] == f[size_t(src[s])], "each slot's key is its sample's reward", W, s);
+  }
+  // The order-free estimators skip the sort: slots keep their samples.
+  for (int i = 0; i < n; ++i) fkey[i] = f[size_t(i)];
+  expect(bk::sort_finite_floats<W>(fkey, src, n, false), "finite rewards, unsorted", W, n);
+  for (int s = 0; s < W; ++s) expect(src[s] == s && (s >= n || fkey[s] == f[size_t(s)]), "no sort: identity", W, s);
+  // A NaN or +-inf anywhere among the n rewards: refused before any exchange (the kernel NaN-fills).
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), nan_max_payload(), -std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (float b : bad) {
+    for (int i = 0; i < n; ++i) fkey[i] = f[size_t(i)];
+    fkey[rng() % uint64_t(n)] = b;
+    expect(!bk::sort_finite_floats<W>(fkey, src, n, true), "a NaN or inf reward is refused", W, n);
   }
 }
 
@@ -324,6 +346,7 @@ void test_lane_sorts() {
   for (int trial = 0; trial < 600; ++trial) {
     lane_sorts_once<8>(rng, 1 + int(rng() % 8), trial % 4);
     lane_sorts_once<16>(rng, 1 + int(rng() % 16), trial % 4);
+    lane_sorts_once<32>(rng, 1 + int(rng() % 32), trial % 4);  // thread_kernel<32>: float32 and narrower
     packed_sort_once<8>(rng, 1 + int(rng() % 8));
     packed_sort_once<16>(rng, 1 + int(rng() % 16));
     packed_sort_once<32>(rng, 1 + int(rng() % 32));
@@ -341,7 +364,7 @@ void test_bucket_group() {
     for (int g = 1; g <= G; ++g) off[size_t(g)] = off[size_t(g - 1)] + int64_t(rng() % 40);
     if (trial % 3 == 1) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 60) - 10;  // malformed
     const int64_t total = off[size_t(G)] < 0 ? 0 : off[size_t(G)];
-    const int64_t small = trial % 2 ? 8 : 16;
+    const int64_t small = trial % 3 == 0 ? 8 : (trial % 3 == 1 ? 16 : 32);
     const int64_t bound = small + int64_t(rng() % 30);  // the second kernel's cap (>= small)
     std::vector<int> writes(static_cast<size_t>(total), 0);
     for (int g = 0; g < G; ++g) {
@@ -364,6 +387,36 @@ void test_bucket_group() {
   }
 }
 
+// The small-group kernel clips float outputs after rounding (clip_rounded): the same float as
+// rounding the double clip (finish_value), for values, bounds and NaN alike.
+void test_clip_after_rounding() {
+  std::mt19937_64 rng(3);
+  const double specials[] = {0.0, -0.0, 1.0, -1.0, 1e-40, -1e-40, 3.4e38, -3.4e38, 1e39, -1e39, 1e300, -1e300,
+                             kInf, -kInf, std::nan(""), 0.1, 1.0 + 1e-9, 1.0 - 1e-9};
+  auto draw_value = [&]() {
+    const uint64_t r = rng() % 4;
+    if (r == 0) return specials[rng() % (sizeof(specials) / sizeof(specials[0]))];
+    if (r == 1) return double(float(std::normal_distribution<double>(0.0, 1.0)(rng))) * (1.0 + 1e-12);
+    return std::normal_distribution<double>(0.0, 2.0)(rng);
+  };
+  for (int trial = 0; trial < 200000; ++trial) {
+    bk::Params p{};
+    p.code = bk::GRPO;
+    p.mean_scale = 1;
+    double lo = draw_value(), hi = draw_value();
+    if (std::isnan(lo)) lo = -kInf;
+    if (std::isnan(hi)) hi = kInf;
+    if (lo > hi) std::swap(lo, hi);
+    if (trial % 5 == 0) lo = -kInf, hi = kInf;  // no clip, the default
+    p.clip_lo = lo, p.clip_hi = hi;
+    const double a = draw_value();
+    const float want = float(bk::clip_value(p, a));
+    const float got = bk::cuda::clip_rounded(float(a), float(lo), float(hi));
+    expect(std::isnan(want) ? std::isnan(got) : std::memcmp(&want, &got, sizeof(got)) == 0 || (want == 0.0f && got == 0.0f),
+           "clip after rounding == rounding after the clip", trial);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -373,6 +426,7 @@ int main() {
   test_groups(Network::kBlock, "block kernel (radix order)", {64, 256});
   test_lane_sorts();
   test_bucket_group();
+  test_clip_after_rounding();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

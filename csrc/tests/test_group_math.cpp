@@ -1,7 +1,8 @@
 // Unit tests of the per-group mathematics (group_math.h) against brute-force enumeration over all
 // k-subsets, for n = 1..9 and every k, on random rewards with ties. Run by ctest (CMakeLists.txt).
 // Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
-// ScanTablesExec (tables from the generic product scan, what the CUDA executors run).
+// ScanTablesExec (tables from the generic product scan, what the CUDA executors run); the lane
+// executor as the CUDA kernel's wide lane (W = 32) is checked against the plain lane.
 #include <cmath>
 #include <limits>
 #include <cstdio>
@@ -64,6 +65,18 @@ std::vector<double> run(int code, const std::vector<double>& g, const std::vecto
   for (int s = 0; s < n; ++s) out[pairs[s].second] = ex.values()[s];
   return out;
 }
+
+// The lane executor at W = 32 as run() drives it, plain or as a wide lane (the CUDA small-group
+// kernel's thread_kernel<32>: kWideLane, which computes only the wide_lane_takes calls).
+template <bool kWide>
+struct LaneSlots : bk::SlotValues<32> {
+  static constexpr bool kWideLane = kWide;
+};
+template <bool kWide>
+struct Lane32 : bk::LaneExec<32, LaneSlots<kWide>> {
+  void begin_group(int n) { this->set_size(n); }
+  const double* values() const { return this->sink.v; }
+};
 
 // ---------------------------------------------------------------- brute force over subsets
 
@@ -369,6 +382,21 @@ std::vector<double> bank_block(int code, int n, const std::vector<double>& w) {
 
 // A bank call equals the weighted sum of single-k calls with small_groups = "clamp"; a missing or
 // truncated block gives NaN; k is ignored.
+// A wide lane gives the plain lane's values bit for bit on the calls it takes, and NaN on the
+// others (which the CUDA launcher never sends it), or 0 where the too-small rule zeroes the group
+// before any estimator runs.
+void check_wide_lane(int code, const std::vector<double>& g, const std::vector<double>& delta, const bk::Params* base) {
+  const int n = int(g.size());
+  const auto plain = run<Lane32<false>>(code, g, delta, 1, 1e-6, base);
+  const auto wide = run<Lane32<true>>(code, g, delta, 1, 1e-6, base);
+  const bool takes = bk::wide_lane_takes(code, base != nullptr && base->bank != nullptr);
+  for (int i = 0; i < n; ++i) {
+    if (takes) expect_close(wide[i], plain[i], 0.0, "wide lane = lane", n, code, i);
+    else if (!(wide[i] == 0.0 && plain[i] == 0.0))  // 0: a group the too-small rule zeroes first
+      expect_close(wide[i], NAN, 0.0, "wide lane refuses", n, code, i);
+  }
+}
+
 void check_bank() {
   std::mt19937_64 rng(2026);
   std::uniform_real_distribution<double> uni(-1.0, 1.0);
@@ -407,6 +435,7 @@ void check_bank() {
           expect_close(got[i], want[i], 1e-12, "bank = weighted single-k sum", n, code, i);
           expect_close(scan[i], got[i], 0.0, "bank on the scan executor", n, code, i);
         }
+        check_wide_lane(code, g, delta, &base);
         base.bank_len = int64_t(bank.size()) - 1;  // truncated: the block's W1 is missing
         for (double v : run<bk::SerialExec>(code, g, delta, 1, 1e-6, &base)) expect_close(v, NAN, 0.0, "truncated bank", n, code, 0);
         index[n] = -1;  // no block for this size
@@ -549,6 +578,43 @@ void check_division_ftz() {
   expect_close(bk::div_with_estimate(1e300, 1.5e308, rcp_ftz_emulated), 1e300 / 1.5e308, 2.3e-16, "a / huge", 0, 0, 0);
 }
 
+// Every size up to 32, every estimator, with and without a bank: the wide lane holds its arrays in
+// float, so half the trials draw arbitrary float32 rewards (what it is sent), not quarter steps.
+void check_wide_lane_sizes() {
+  std::mt19937_64 rng(32);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
+  int taken = 0;
+  for (int code = 0; code < bk::NUM_CODES; ++code)
+    for (int n = 1; n <= 32; ++n) {
+      const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
+      std::vector<double> g(n), delta(n);
+      for (int i = 0; i < n; ++i) {
+        g[i] = binary ? double(uni(rng) > 0) : (n % 2 ? double(float(uni(rng))) : std::round(uni(rng) * 4) / 4);
+        delta[i] = 0.3 * uni(rng);
+      }
+      check_wide_lane(code, g, delta, nullptr);
+      taken += bk::wide_lane_takes(code, false);
+      if (!bk::reads_weight_tables(code)) continue;
+      const auto blk = bank_block(code, n, mix);
+      std::vector<int64_t> index(n + 1, -1);
+      index[n] = 0;
+      bk::Params base{};
+      base.small_groups = 2;
+      base.bank = blk.data();
+      base.bank_index = index.data();
+      base.bank_len = int64_t(blk.size());
+      base.bank_index_len = int64_t(index.size());
+      check_wide_lane(code, g, delta, &base);
+      taken += bk::wide_lane_takes(code, true);
+    }
+  ++checks;
+  if (taken == 0) {
+    ++failures;
+    std::printf("FAIL no call runs on a wide lane\n");
+  }
+}
+
 int main() {
   check_division_ftz();
   check_sorts();
@@ -573,6 +639,7 @@ int main() {
   check_rules();
   check_constant_and_extremes();
   check_bank();
+  check_wide_lane_sizes();
   check_non_finite();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;

@@ -160,11 +160,12 @@ BK_HD uint32_t orderable_f32(float f) {
 #else
   memcpy(&u, &f, sizeof(u));
 #endif
-  return (u >> 31) ? ~u : (u | 0x80000000u);
+  // Branch-free: negatives (sign set) flip every bit, the rest only the sign bit.
+  return u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
 }
 
 BK_HD float from_orderable_f32(uint32_t o) {
-  const uint32_t u = (o >> 31) ? (o & 0x7fffffffu) : ~o;
+  const uint32_t u = o ^ (~uint32_t(int32_t(o) >> 31) | 0x80000000u);  // the inverse flip
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
@@ -264,16 +265,25 @@ struct GroupDivisor {
   }
 };
 
-// Natural value -> requested scale -> too-small zeroing -> clip (NaN propagates, as torch.clamp).
-BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
+// Natural value -> requested scale -> too-small zeroing (finish_value then clips).
+BK_HD double scale_value(const Params& p, int n, double natural, bool zero) {
   double a = natural;
   const bool mean_natural = natural_scale_is_mean(p.code);
   if (p.mean_scale && !mean_natural) a = a * n;
   else if (!p.mean_scale && mean_natural) a = bk_div_moderate(a, double(n < 1 ? 1 : n));
   if (zero) a = 0.0;
+  return a;
+}
+
+// The clip; a NaN passes through, as in torch.clamp.
+BK_HD double clip_value(const Params& p, double a) {
   if (a < p.clip_lo) a = p.clip_lo;
   if (a > p.clip_hi) a = p.clip_hi;
   return a;
+}
+
+BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
+  return clip_value(p, scale_value(p, n, natural, zero));
 }
 
 // Small fixed-size vector of doubles, for scans that carry several running sums at once.

@@ -27,6 +27,8 @@
 // Ranks j are 1-based, as in the spec. Lambdas only ever see valid slots (j <= n).
 #pragma once
 
+#include <type_traits>
+
 #include "bonkernels/common.h"
 
 namespace bk {
@@ -78,6 +80,14 @@ BK_HD Centre group_centre(Ex& ex, V& v) {
   }
   return {shrink, pivot * shrink + bk_div_moderate(offset, double(ex.n))};
 }
+
+// Whether the executor applies the clip itself when it stores (Ex::kClipsOnStore = true: the CUDA
+// small-group kernel clips float outputs after rounding, which gives the same result); by default
+// compute_group clips before emit.
+template <class Ex, class = void>
+struct clips_on_store : std::false_type {};
+template <class Ex>
+struct clips_on_store<Ex, std::void_t<decltype(Ex::kClipsOnStore)>> : std::bool_constant<Ex::kClipsOnStore> {};
 
 // ----------------------------------------------------------------------------- weight tables
 
@@ -178,6 +188,50 @@ BK_HD bool has_bank(const Params& p) {
 #endif
 }
 
+// Whether the executor is a wide lane (Ex::kWideLane = true: the CUDA small-group kernel at W = 32,
+// whose registers hold the group (in float), its indices and the bank's entries, but not the extra
+// W-wide arrays of the other estimators). It computes only the calls wide_lane_takes accepts; the
+// launcher sends it no other, and compute_group NaN-fills any other without compiling its code
+// there. A call added to wide_lane_takes must store nothing but the rewards in an array (the
+// lane's arrays are float there; test_group_math checks a wide lane against the plain lane).
+template <class Ex, class = void>
+struct wide_lane : std::false_type {};
+template <class Ex>
+struct wide_lane<Ex, std::void_t<decltype(Ex::kWideLane)>> : std::bool_constant<Ex::kWideLane> {};
+
+// The calls a wide lane computes: the order-free estimators, tang_loo, and maxk, pass@k and
+// maxk_loo1 from the call's bank (no per-group tables, one W-wide array: the rewards).
+BK_HD bool wide_lane_takes(int code, bool has_bank) {
+  switch (code) {
+    case MAXK:
+    case PASSK:
+    case MAXK_LOO1:
+      return has_bank;
+    case GRPO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The estimator code compute_group dispatches on: p.code, or for a wide lane -1 (NaN-filled) when
+// wide_lane_takes refuses the call. A switch of constants, so the compiler threads it into the
+// dispatch and drops the refused estimators' code from a wide lane.
+template <class Ex>
+BK_HD int dispatch_code(const Params& p) {
+  if constexpr (wide_lane<Ex>::value) {
+    if (!wide_lane_takes(p.code, has_bank(p))) return -1;
+    switch (p.code) {
+      case MAXK: return MAXK;
+      case PASSK: return PASSK;
+      case MAXK_LOO1: return MAXK_LOO1;
+      default: return GRPO;
+    }
+  } else {
+    return p.code;
+  }
+}
+
 // The executors' tables(): runs body(t) with the bank's block for this group size when the call
 // has a bank (BankTables), else with one k's tables (SingleKTables). False, without running body,
 // when the bank has no well-formed block for this size.
@@ -253,7 +307,12 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
   // With a bank the too-small rule is folded into its tables: k is ignored, no group is zeroed.
   const bool banked = has_bank(p) && reads_weight_tables(p.code);
   const GroupK gk = banked ? GroupK{1, false} : effective_k(p.code, n, p.k, p.small_groups);
-  auto emit = [&](int s, double natural) { ex.emit(s, finish_value(p, n, natural, gk.zero)); };
+  // An executor whose stores clip (clips_on_store) gets the value before the clip.
+  auto emit = [&](int s, double natural) {
+    const double v = scale_value(p, n, natural, gk.zero);
+    if constexpr (clips_on_store<Ex>::value) ex.emit(s, v);
+    else ex.emit(s, clip_value(p, v));
+  };
   auto fill_nan = [&]() { ex.for_each([&](int s, int) { ex.emit(s, BK_NAN); }); };
   if (gk.zero || !native_supports(p.code)) {
     const double fill = native_supports(p.code) ? 0.0 : BK_NAN;
@@ -263,7 +322,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
   const int k = gk.k;
   const double nd = double(n);
 
-  switch (p.code) {
+  switch (dispatch_code<Ex>(p)) {
     case MAXK:
     case PASSK: {  // passk: maxk on {0, 1} rewards (spec 2.1)
       if (!ex.tables(p, p.code, k, [&](auto& t) { maxk_values(ex, t, x, emit); })) fill_nan();
@@ -285,7 +344,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case MAXK_LOO1: {  // spec 2.4: D_j y_j - c sum_{t<j} B_t y_t with y = x - x_(1), plus the k = 1 term
-      const double lo = ex.reduce(BK_INF, MinOp(), [&](int s, int) { return x[s]; });
+      const double lo = first_value(ex, x);  // the smallest: x is sorted
       const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
         // The k = 1 term w1 (x_j - mean of the others) / n = w1 (n x_j - total) / (n (n - 1)): one
         // division per group, not two per sample (0 for a singleton).

@@ -4,7 +4,7 @@
 // small-group CUDA kernel) the arrays live in registers, and on the host (the CPU kernel's path for
 // small groups) the compiler unrolls and vectorises them. The same per-group code runs in both
 // places, so the CPU tests of the CPU kernel test the GPU's small-group path; only the sort
-// differs (the CPU: lane_sort_keys for floats, sort_pairs for doubles; the GPU: lane_sort_keys32 and
+// differs (the CPU: lane_sort_keys for floats, sort_pairs for doubles; the GPU: lane_sort_floats and
 // lane_sort_pairs; all host-tested).
 //
 // Weight tables: a linear estimator reads the call's bank (tables built once per call on the host
@@ -19,8 +19,9 @@
 
 namespace bk {
 
-// The largest group the CPU kernel runs on the lane executor; the CUDA small-group kernel stops at
-// 16 (kThreadKernelMax in csrc/cuda/advantages.cu: registers).
+// The largest group the CPU kernel runs on the lane executor; the CUDA small-group kernel takes
+// up to 16 samples for every call, and up to 32 as a wide lane (float32 rewards and the
+// wide_lane_takes calls; kThreadKernelMax and kThreadKernelMaxNarrow in csrc/cuda/advantages.cu).
 constexpr int kLaneWidthMax = 32;
 
 // Where LaneExec puts a final value: slot s of the sorted group (the caller scatters them).
@@ -45,9 +46,15 @@ struct LaneSize<W, true> {
 
 template <int W, class Sink = SlotValues<W>, bool kFull = false>
 struct LaneExec : LaneSize<W, kFull> {
+  static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
+  static constexpr bool kWideLane = wide_lane<Sink>::value;  // computes the wide_lane_takes calls only (group_math.h)
+  // A wide lane holds its arrays in float: it takes float32 rewards only, and the calls it
+  // computes store nothing in an array but the rewards (exact in float) and zero deltas; every
+  // sum and product is still in double (half the registers of a double array).
+  using Elem = std::conditional_t<kWideLane, float, double>;
   struct Vec {
-    double v[W];
-    BK_HD double& operator[](int s) { return v[s]; }
+    Elem v[W];
+    BK_HD Elem& operator[](int s) { return v[s]; }
   };
 
   using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
@@ -158,7 +165,7 @@ BK_HD void odd_even_passes(Exchange& exchange) {
 // Sorts packed (orderable float bits << 32 | index) words ascending (pad past n with ~0): the CPU
 // kernel's variant, where a 64-bit min and max compile to branch-free conditional moves. (On the
 // GPU a 64-bit compare costs two instructions and the compiler emits one per min and per max:
-// the CUDA kernel takes lane_sort_keys32.) Indices are distinct, so the order is total.
+// the CUDA kernel takes lane_sort_floats.) Indices are distinct, so the order is total.
 template <int W>
 BK_HD void lane_sort_keys(uint64_t* a) {
   auto exchange = [&](int i, int j) {
@@ -169,28 +176,42 @@ BK_HD void lane_sort_keys(uint64_t* a) {
   odd_even_passes<W, 1, 1>(exchange);
 }
 
-// The padding key of lane_sort_keys32: the largest 32-bit key.
-constexpr uint32_t kLanePad = 0xffffffffu;
-
-// Sorts 32-bit keys ascending, moving their indices along (samples keyed by orderable_f32, padding
-// past n keyed kLanePad). Equal keys may end in either order (every estimator is tie-invariant).
-// The result is a permutation of the slots with the n samples first, whatever their bits: an
-// exchange moves a pair only when its keys differ, so a sample whose key equals the padding's (a
-// NaN) can never pass into the padding, which holds the largest key. Per exchange: one compare
-// and four selects (the CUDA small-group kernel's variant; gcc turns the four selects into a
-// branch, so the CPU kernel takes lane_sort_keys).
+// Sorts finite float rewards ascending, moving their indices along; padding past n is +inf, above
+// every finite reward. The CUDA small-group kernel's variant for float32 and narrower: the keys
+// are the rewards themselves (float min and max, no bit transform either way), and the caller
+// NaN-fills a group with a NaN or inf before sorting (min/max would drop a NaN, and a real +inf
+// would tie with the padding). Per exchange: one compare, a min, a max and two selects. Equal keys
+// never swap their indices (the keys are equal, so key and index stay paired).
 template <int W>
-BK_HD void lane_sort_keys32(uint32_t* key, int* idx) {
+BK_HD void lane_sort_floats(float* key, int* idx) {
   auto exchange = [&](int i, int j) {
-    const uint32_t ki = key[i], kj = key[j];
+    const float ki = key[i], kj = key[j];
     const int ii = idx[i], ij = idx[j];
     const bool swap = kj < ki;
-    key[i] = swap ? kj : ki;
-    key[j] = swap ? ki : kj;
+    key[i] = ::fminf(ki, kj);
+    key[j] = ::fmaxf(ki, kj);
     idx[i] = swap ? ij : ii;
     idx[j] = swap ? ii : ij;
   };
   odd_even_passes<W, 1, 1>(exchange);
+}
+
+// The small-group kernel's prologue for float32 and narrower, on rewards already loaded into the
+// first n slots of key: pads the slots past n with +inf, numbers the slots (idx[s] = s) and sorts
+// (when `sort`). False, with nothing sorted, when one of the n rewards is NaN or inf: the kernel
+// then NaN-fills the group by source index.
+template <int W>
+BK_HD bool sort_finite_floats(float* key, int* idx, int n, bool sort) {
+  bool finite = true;
+  BK_UNROLL
+  for (int i = 0; i < W; ++i) {
+    if (i < n) finite = finite && ::fabsf(key[i]) < INFINITY;
+    else key[i] = INFINITY;
+    idx[i] = i;
+  }
+  if (!finite) return false;
+  if (sort) lane_sort_floats<W>(key, idx);
+  return true;
 }
 
 // The same network over (key, index) pairs, ordered by key then index: a total order (indices are
