@@ -54,7 +54,12 @@ The estimate (H200, N = 16M samples, groups of n):
     1.98 GHz); dual issue is ignored (Hopper issues one per scheduler per clock);
   * pipe bounds, taken when larger: FP64 (DADD/DMUL/DFMA/DSETP/DMNMX and F64 conversions) at 64
     lanes/clk/SM (2 warp-instructions/clk/SM), SHFL at 32 lanes/clk/SM (1/clk/SM), MUFU at 16
-    lanes/clk/SM (0.5/clk/SM); the estimate is the largest of the four;
+    lanes/clk/SM (0.5/clk/SM), and, since 2026-12-03, the two integer pipes of 16 lanes per
+    scheduler: ALU (compares, selects, integer min/max, logic, shifts, LEA, IADD3, predicate logic;
+    ALU_OPS) and IMAD (the heavy FMA pipe), 64 lanes/clk/SM each; the estimate is the largest of
+    the six. A sort network's exchanges are ALU work, so this bound is the binding one for the
+    small-group kernels; the issue bound alone (``issue / memory``) is kept next to it, as the
+    figure the earlier tables report;
   * memory time = bytes per sample x N / 4.3e12 B/s, bytes per sample = values read + output
     written (+ deltas read, off-policy) in the element type, + 8 / n for the int64 offsets;
   * ratio = estimate / memory time: above 1 the kernel cannot reach the memory limit (issue-bound).
@@ -90,6 +95,13 @@ CLOCK_HZ = 1.98e9
 FP64_WARP_PER_CLK = 2.0  # 64 FP64 lanes/clk/SM
 SHFL_WARP_PER_CLK = 1.0  # 32 lanes/clk/SM
 MUFU_WARP_PER_CLK = 0.5  # 16 lanes/clk/SM
+# 16 lanes per scheduler on sm_90: the ALU pipe (integer except IMAD/IMUL, logic, compares, selects,
+# min/max, shifts, LEA, predicate logic, moves) and the heavy FMA pipe, the only one that takes IMAD.
+ALU_WARP_PER_CLK = 2.0  # 64 lanes/clk/SM
+IMAD_WARP_PER_CLK = 2.0  # 64 lanes/clk/SM
+ALU_OPS = {"ISETP", "FSETP", "PSETP", "SEL", "FSEL", "LOP3", "LOP", "PLOP3", "IADD3", "IADD", "VIMNMX", "IMNMX",
+           "FMNMX", "LEA", "SHF", "SHL", "SHR", "PRMT", "P2R", "R2P", "IABS", "FLO", "POPC", "BMSK", "SGXT", "BREV",
+           "MOV", "ISCADD", "VIADD", "VIADDMNMX"}
 HBM_BPS = 4.3e12
 N_SAMPLES = 1 << 24
 NS = (8, 16, 32, 64, 1024, 4096)
@@ -140,6 +152,7 @@ class CudaVariant:
 CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8>", "thread_kernelILi8EE", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16>", "thread_kernelILi16EE", 128, 1, 9, 16),
+    CudaVariant("thread_kernel<32>", "thread_kernelILi32EE", 128, 1, 17, 32),
     CudaVariant("warp_kernel<8>", "warp_kernelILi8EE", 256, 8, 1, 8),
     CudaVariant("warp_kernel<16>", "warp_kernelILi16EE", 256, 16, 9, 16),
     CudaVariant("warp_kernel<32>", "warp_kernelILi32EE", 256, 32, 17, 32),
@@ -153,13 +166,21 @@ CUDA_VARIANTS = (
 )
 
 
-def cuda_variant_for(n: int, present=None) -> CudaVariant:
+# The float32 calls the launcher sends to thread_kernel<32> (group_math.h's wide_lane_takes: grpo,
+# and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
+# and a build for every call ("default"), takes warp_kernel<32> there.
+WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
+
+
+def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVariant:
     """The kernel the launcher runs for the groups of a batch with max_group_size = n, among the
-    variants ``present`` in a build (default: all). With n > 16 the size-bucketed launcher also
-    starts the small-group kernel, which then only reads two offsets per group and skips it: the
-    estimate leaves that out."""
+    variants ``present`` in a build (default: all), for the call of ``build`` (None: a wide-lane
+    call). With n > 16 the size-bucketed launcher also starts the small-group kernel, which then
+    only reads two offsets per group and skips it: the estimate leaves that out."""
     for v in CUDA_VARIANTS:
         if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
+            if v.name == "thread_kernel<32>" and build is not None and build not in WIDE_LANE_BUILDS:
+                continue
             return v
     raise ValueError(f"no CUDA kernel for n = {n}")
 
@@ -283,7 +304,7 @@ def find_loops(main: list[Instr], radix_passes: int = RADIX_PASSES) -> list[Loop
 
 FP64_OPS = {"DADD", "DMUL", "DFMA", "DSETP", "DMNMX", "DSET"}
 CLASSES = ("total", "shfl", "match", "warpsync", "bar", "bssy_bsync", "fp64", "mufu", "ldg", "stg",
-           "lds_sts", "branch")
+           "lds_sts", "branch", "alu", "imad")
 
 
 def classify(ins: Instr) -> list[str]:
@@ -309,6 +330,10 @@ def classify(ins: Instr) -> list[str]:
         out.append("stg")
     elif b in ("LDS", "STS"):
         out.append("lds_sts")
+    elif b in ALU_OPS:
+        out.append("alu")
+    elif b == "IMAD":
+        out.append("imad")
     if b in ("BRA", "BRX", "JMP", "JMX", "EXIT", "CALL", "RET"):
         out.append("branch")
     return out
@@ -492,7 +517,9 @@ class Estimate:
     fp64_s: float
     shfl_s: float
     mufu_s: float
-    estimate_s: float  # the largest of the four
+    alu_s: float
+    imad_s: float
+    estimate_s: float  # the largest of the six
     bound: str  # which one
     bytes_per_sample: float
     memory_s: float
@@ -515,10 +542,12 @@ def estimate(per_thread: dict, threads_per_group: float, n: int, elem_bytes: int
     fp64 = w["fp64"] * n_samples / (clk * FP64_WARP_PER_CLK)
     shfl = w["shfl"] * n_samples / (clk * SHFL_WARP_PER_CLK)
     mufu = w["mufu"] * n_samples / (clk * MUFU_WARP_PER_CLK)
-    best, bound = max((issue, "issue"), (fp64, "fp64"), (shfl, "shfl"), (mufu, "mufu"))
+    alu = w.get("alu", 0) * n_samples / (clk * ALU_WARP_PER_CLK)
+    imad = w.get("imad", 0) * n_samples / (clk * IMAD_WARP_PER_CLK)
+    best, bound = max((issue, "issue"), (fp64, "fp64"), (shfl, "shfl"), (mufu, "mufu"), (alu, "alu"), (imad, "imad"))
     b = bytes_per_sample(n, elem_bytes, deltas)
     mem = b * n_samples / HBM_BPS
-    return Estimate(w["total"], issue, fp64, shfl, mufu, best, bound, b, mem, best / mem)
+    return Estimate(w["total"], issue, fp64, shfl, mufu, alu, imad, best, bound, b, mem, best / mem)
 
 
 # ---------------------------------------------------------------------------------------------- CUDA
@@ -696,7 +725,7 @@ def estimate_rows(kernels: list[KernelRow], ns=NS) -> list[dict]:
     for n in ns:
         for k in kernels:
             if k.backend == "cuda":
-                if k.variant != cuda_variant_for(n, present[k.build]).name:
+                if k.variant != cuda_variant_for(n, present[k.build], k.build).name:
                     continue
             elif not k.variant.startswith(f"triton BLOCK={triton_block_for(n)} "):
                 continue
@@ -733,22 +762,24 @@ def kernels_markdown(kernels: list[KernelRow]) -> str:
 
 def estimate_markdown(rows: list[dict]) -> str:
     head = ("| n | variant | build | regs | spills | smem B | occupancy | SASS/thread | SASS/sample (thread-instr) | "
-            "warp-instr/sample | bytes/sample | issue us | FP64 us | SHFL us | estimate us (bound) | memory us | "
-            "estimate / memory |")
+            "warp-instr/sample | bytes/sample | issue us | FP64 us | SHFL us | ALU us | estimate us (bound) | "
+            "memory us | issue / memory | estimate / memory |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(f"| {r['n']} | {r['variant']} | {r['build']} | {r['regs']} | {r['spills']} | {r['smem']} | "
                      f"{r['occupancy']:.0%} | {r['sass_per_thread']:,} | {r['thread_instr_per_sample']:,.0f} | "
                      f"{r['warp_instr_per_sample']:.1f} | {r['bytes_per_sample']:.2f} | {_us(r['issue_s'])} | "
-                     f"{_us(r['fp64_s'])} | {_us(r['shfl_s'])} | {_us(r['estimate_s'])} ({r['bound']}) | "
-                     f"{_us(r['memory_s'])} | {r['ratio']:.1f}x |")
+                     f"{_us(r['fp64_s'])} | {_us(r['shfl_s'])} | {_us(r['alu_s'])} | "
+                     f"{_us(r['estimate_s'])} ({r['bound']}) | {_us(r['memory_s'])} | "
+                     f"{r['issue_s'] / r['memory_s']:.2f}x | {r['ratio']:.2f}x |")
     return "\n".join(lines)
 
 
 MODEL = f"""Model (H200, sm_90): N = {N_SAMPLES:,} samples in groups of n; issue time = warp-instructions /
 ({SMS} SMs x {SCHEDULERS} schedulers x 1 warp-instruction/clk x {CLOCK_HZ / 1e9:.2f} GHz), dual issue ignored;
 pipe bounds FP64 {int(FP64_WARP_PER_CLK * 32)} lanes/clk/SM, SHFL {int(SHFL_WARP_PER_CLK * 32)} lanes/clk/SM,
-MUFU {int(MUFU_WARP_PER_CLK * 32)} lanes/clk/SM; estimate = the largest of the four; memory time =
+MUFU {int(MUFU_WARP_PER_CLK * 32)} lanes/clk/SM, ALU and IMAD {int(ALU_WARP_PER_CLK * 32)} lanes/clk/SM each;
+estimate = the largest of the six ("issue / memory" is the issue bound alone); memory time =
 bytes/sample x N / {HBM_BPS / 1e12:.1f} TB/s (fp32 values + output, + deltas off-policy, + 8/n offset bytes).
 SASS per thread = the longest path through the main region of the function (slow-path
 WARPSYNC.COLLECTIVE stubs apart), the radix-sort pass loop x {RADIX_PASSES} (x {RADIX_PASSES_NARROW} in the

@@ -2,6 +2,8 @@
 nvcc and cuobjdump exist) a --quick run on one small kernel variant."""
 
 import json
+import re
+from pathlib import Path
 import os
 import sys
 
@@ -72,7 +74,14 @@ def test_estimate_arithmetic():
     assert e.issue_s == pytest.approx(550 / 32 * sk.N_SAMPLES / (clk * 4))
     assert e.fp64_s == pytest.approx(100 / 32 * sk.N_SAMPLES / (clk * 2))
     assert e.shfl_s == pytest.approx(75 / 32 * sk.N_SAMPLES / clk)
-    assert e.estimate_s == max(e.issue_s, e.fp64_s, e.shfl_s, e.mufu_s) and e.bound == "issue"
+    assert e.estimate_s == max(e.issue_s, e.fp64_s, e.shfl_s, e.mufu_s, e.alu_s, e.imad_s) and e.bound == "issue"
+    # the integer pipes take one warp-instruction per two clocks per scheduler: 300 ALU instructions
+    # of 550 bind the estimate
+    per_thread.update(alu=300, imad=40)
+    e_alu = sk.estimate(per_thread, threads_per_group=16, n=n)
+    assert e_alu.alu_s == pytest.approx(300 / 32 * sk.N_SAMPLES / (clk * 2))
+    assert e_alu.imad_s == pytest.approx(40 / 32 * sk.N_SAMPLES / (clk * 2))
+    assert e_alu.bound == "alu" and e_alu.estimate_s == e_alu.alu_s > e_alu.issue_s
     # the issue's own figures: ~0.28 ms of issue, ~33 us to move 8 B + 8/16 B per sample at 4.3 TB/s
     assert 250e-6 < e.issue_s < 300e-6
     assert e.bytes_per_sample == 8.5
@@ -81,6 +90,18 @@ def test_estimate_arithmetic():
     # a block kernel: 128 threads on a group of 64 samples doubles the per-sample count
     assert sk.estimate(per_thread, 128, 64).warp_instr_per_sample == pytest.approx(550 * 2 / 32)
     assert sk.bytes_per_sample(16, 4, deltas=True) == 12.5
+
+
+def test_wide_lane_builds_follow_the_source():
+    """WIDE_LANE_BUILDS lists the estimators of group_math.h's wide_lane_takes."""
+    from bonkernels import estimators
+
+    src = (Path(sk.REPO_DIR) / "csrc" / "include" / "bonkernels" / "group_math.h").read_text()
+    body = src[src.index("BK_HD bool wide_lane_takes("):]
+    body = body[:body.index("\n}\n")]
+    taken = {c.lower() for c in re.findall(r"case (\w+):", body)}
+    assert taken == {b.split("/")[0] for b in sk.WIDE_LANE_BUILDS}
+    assert all(estimators.get(name) for name in taken)
 
 
 def test_radix_passes_follow_the_source():
@@ -94,7 +115,12 @@ def test_radix_passes_follow_the_source():
 def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(8).name == "thread_kernel<8>"
     assert sk.cuda_variant_for(16).name == "thread_kernel<16>"
-    assert sk.cuda_variant_for(32).name == "warp_kernel<32>"
+    assert sk.cuda_variant_for(32).name == "thread_kernel<32>"
+    assert sk.cuda_variant_for(32, build="maxk_loo1/fp32").name == "thread_kernel<32>"
+    # the calls a wide lane does not take, and a build for every call, run the sub-warp kernel
+    assert sk.cuda_variant_for(32, build="maxk_offpolicy/fp32").name == "warp_kernel<32>"
+    assert sk.cuda_variant_for(32, build="default").name == "warp_kernel<32>"
+    assert sk.cuda_variant_for(32, {"thread_kernel<16>", "warp_kernel<32>"}).name == "warp_kernel<32>"
     assert sk.cuda_variant_for(64).name == "block_kernel<32,2>"
     assert sk.cuda_variant_for(128).name == "block_kernel<64,2>"
     assert sk.cuda_variant_for(256).name == "block_kernel<128,2>"
