@@ -380,8 +380,17 @@ std::vector<double> bank_block(int code, int n, const std::vector<double>& w) {
   return blk;
 }
 
-// A bank call equals the weighted sum of single-k calls with small_groups = "clamp"; a missing or
-// truncated block gives NaN; k is ignored.
+// Parameters of a bank call ("clamp" small groups) over `bank`, indexed by group size.
+bk::Params bank_params(const std::vector<double>& bank, const std::vector<int64_t>& index) {
+  bk::Params p{};
+  p.small_groups = 2;
+  p.bank = bank.data();
+  p.bank_index = index.data();
+  p.bank_len = int64_t(bank.size());
+  p.bank_index_len = int64_t(index.size());
+  return p;
+}
+
 // A wide lane gives the plain lane's values bit for bit on the calls it takes, and NaN on the
 // others (which the CUDA launcher never sends it), or 0 where the too-small rule zeroes the group
 // before any estimator runs.
@@ -397,6 +406,8 @@ void check_wide_lane(int code, const std::vector<double>& g, const std::vector<d
   }
 }
 
+// A bank call equals the weighted sum of single-k calls with small_groups = "clamp"; a missing or
+// truncated block gives NaN; k is ignored.
 void check_bank() {
   std::mt19937_64 rng(2026);
   std::uniform_real_distribution<double> uni(-1.0, 1.0);
@@ -415,12 +426,7 @@ void check_bank() {
         std::vector<double> bank(3, 99.0);  // the block does not start at 0
         index[n] = int64_t(bank.size());
         bank.insert(bank.end(), blk.begin(), blk.end());
-        bk::Params base{};
-        base.small_groups = 2;
-        base.bank = bank.data();
-        base.bank_index = index.data();
-        base.bank_len = int64_t(bank.size());
-        base.bank_index_len = int64_t(index.size());
+        bk::Params base = bank_params(bank, index);
         const auto got = run<bk::SerialExec>(code, g, delta, 5, 1e-6, &base);
         const auto scan = run<ScanTablesExec>(code, g, delta, 1, 1e-6, &base);
         bk::Params single{};
@@ -599,12 +605,7 @@ void check_wide_lane_sizes() {
       const auto blk = bank_block(code, n, mix);
       std::vector<int64_t> index(n + 1, -1);
       index[n] = 0;
-      bk::Params base{};
-      base.small_groups = 2;
-      base.bank = blk.data();
-      base.bank_index = index.data();
-      base.bank_len = int64_t(blk.size());
-      base.bank_index_len = int64_t(index.size());
+      const bk::Params base = bank_params(blk, index);
       check_wide_lane(code, g, delta, &base);
       taken += bk::wide_lane_takes(code, true);
     }
