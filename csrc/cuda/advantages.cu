@@ -566,7 +566,6 @@ constexpr int kThreadKernelMaxWide = 32;
 // Where the lane executor's final values go on the device: straight to the output, by source index,
 // clipped on the way (kClipsOnStore: in single precision after the rounding for the narrow types,
 // clip_rounded in guards.h; in double for float64).
-
 template <int W, bool kFull>
 struct OutputSink {
   static constexpr bool kClipsOnStore = true;

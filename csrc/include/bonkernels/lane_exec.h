@@ -21,7 +21,7 @@ namespace bk {
 
 // The largest group the CPU kernel runs on the lane executor; the CUDA small-group kernel takes
 // up to 16 samples for every call, and up to 32 as a wide lane (float32 rewards and the
-// wide_lane_takes calls; kThreadKernelMax and kThreadKernelMaxNarrow in csrc/cuda/advantages.cu).
+// wide_lane_takes calls; kThreadKernelMax and kThreadKernelMaxWide in csrc/cuda/advantages.cu).
 constexpr int kLaneWidthMax = 32;
 
 // Where LaneExec puts a final value: slot s of the sorted group (the caller scatters them).
