@@ -148,7 +148,9 @@ PROGRAMS = [
             "    for f in files:\n        p = os.path.join(root, f)\n        try:\n"
             "            if stat.S_ISSOCK(os.lstat(p).st_mode):\n                found.append(p)\n"
             "        except OSError:\n            pass\nprint('SOCKETS', found)\n",
-            said("SOCKETS []"), timeout=10.0),
+            # a walk of every file the sandbox shows (/usr with a CUDA toolkit, the interpreter):
+            # seconds on a warm cache, over 10 s on a cold one or a loaded machine
+            said("SOCKETS []"), timeout=60.0),
     Hostile("connects to host pathname Unix sockets",
             "import socket\nfor p in ['$unix_path', '$tmp_unix']:\n    try:\n"
             "        s = socket.socket(socket.AF_UNIX)\n        s.connect(p)\n"
