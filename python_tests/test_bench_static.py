@@ -93,11 +93,11 @@ def test_estimate_arithmetic():
 
 
 def test_wide_lane_builds_follow_the_source():
-    """WIDE_LANE_BUILDS lists the estimators of group_math.h's wide_lane_takes."""
+    """WIDE_LANE_BUILDS lists the estimators of group_math.h's wide_lane_code (wide_lane_takes)."""
     from bonkernels import estimators
 
     src = (Path(sk.REPO_DIR) / "csrc" / "include" / "bonkernels" / "group_math.h").read_text()
-    body = src[src.index("BK_HD bool wide_lane_takes("):]
+    body = src[src.index("BK_HD int wide_lane_code("):]
     body = body[:body.index("\n}\n")]
     taken = {c.lower() for c in re.findall(r"case (\w+):", body)}
     assert taken == {b.split("/")[0] for b in sk.WIDE_LANE_BUILDS}

@@ -199,37 +199,28 @@ struct wide_lane : std::false_type {};
 template <class Ex>
 struct wide_lane<Ex, std::void_t<decltype(Ex::kWideLane)>> : std::bool_constant<Ex::kWideLane> {};
 
-// The calls a wide lane computes: the order-free estimators, tang_loo, and maxk, pass@k and
-// maxk_loo1 from the call's bank (no per-group tables, one W-wide array: the rewards).
-BK_HD bool wide_lane_takes(int code, bool has_bank) {
+// The calls a wide lane computes, as the estimator code compute_group dispatches on (-1: refused):
+// grpo, and maxk, pass@k and maxk_loo1 from the call's bank (no per-group tables, one W-wide
+// array: the rewards). A switch of constants, so the compiler threads it into the dispatch and
+// drops the refused estimators' code from a wide lane.
+BK_HD int wide_lane_code(int code, bool has_bank) {
   switch (code) {
-    case MAXK:
-    case PASSK:
-    case MAXK_LOO1:
-      return has_bank;
-    case GRPO:
-      return true;
-    default:
-      return false;
+    case MAXK: return has_bank ? MAXK : -1;
+    case PASSK: return has_bank ? PASSK : -1;
+    case MAXK_LOO1: return has_bank ? MAXK_LOO1 : -1;
+    case GRPO: return GRPO;
+    default: return -1;
   }
 }
 
-// The estimator code compute_group dispatches on: p.code, or for a wide lane -1 (NaN-filled) when
-// wide_lane_takes refuses the call. A switch of constants, so the compiler threads it into the
-// dispatch and drops the refused estimators' code from a wide lane.
+BK_HD bool wide_lane_takes(int code, bool has_bank) { return wide_lane_code(code, has_bank) >= 0; }
+
+// The estimator code compute_group dispatches on: p.code, or for a wide lane wide_lane_code (a
+// refused call, -1, is NaN-filled).
 template <class Ex>
 BK_HD int dispatch_code(const Params& p) {
-  if constexpr (wide_lane<Ex>::value) {
-    if (!wide_lane_takes(p.code, has_bank(p))) return -1;
-    switch (p.code) {
-      case MAXK: return MAXK;
-      case PASSK: return PASSK;
-      case MAXK_LOO1: return MAXK_LOO1;
-      default: return GRPO;
-    }
-  } else {
-    return p.code;
-  }
+  if constexpr (wide_lane<Ex>::value) return wide_lane_code(p.code, has_bank(p));
+  else return p.code;
 }
 
 // The executors' tables(): runs body(t) with the bank's block for this group size when the call
