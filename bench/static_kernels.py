@@ -48,8 +48,8 @@ How SASS is counted (per thread: one warp-instruction is issued for each instruc
 
 The estimate (H200, N = 16M samples, groups of n):
   * warp-instructions per sample = per-thread count x threads per group / n / 32 (small-group
-    kernel: 1 thread per group; sub-warp kernel: W lanes per group; block kernel: BLOCK threads per
-    group; Triton: num_warps x 32 threads per GROUPS groups);
+    kernel: 1 thread per group; segment kernel: P lanes per group; sub-warp kernel (older
+    revisions): W lanes per group; block kernel: BLOCK threads per group; Triton: num_warps x 32 threads per GROUPS groups);
   * issue time = warp-instructions / (132 SMs x 4 schedulers x 1 warp-instruction per clock x
     1.98 GHz); dual issue is ignored (Hopper issues one per scheduler per clock);
   * pipe bounds, taken when larger: FP64 (DADD/DMUL/DFMA/DSETP/DMNMX and F64 conversions) at 64
@@ -146,13 +146,16 @@ class CudaVariant:
 
 
 # Every kernel shape bk_cuda_advantages has launched, in the launcher's order of preference: the
-# small-group (one thread per group) kernels of the size-bucketed launcher, and the sub-warp kernels
-# for n <= 16 they replaced (kept to read older revisions, --source-rev). A build is reported with
+# small-group (one thread per group) and segment (P lanes per group) kernels of the size-bucketed
+# launcher, and the sub-warp and small-block kernels they replaced (kept to read older revisions,
+# --source-rev). A build is reported with
 # the variants its cubin holds.
 CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8>", "thread_kernelILi8EE", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16>", "thread_kernelILi16EE", 128, 1, 9, 16),
     CudaVariant("thread_kernel<32>", "thread_kernelILi32EE", 128, 1, 17, 32),
+    CudaVariant("segment_kernel<2>", "segment_kernelILi2EE", 128, 2, 17, 32),
+    CudaVariant("segment_kernel<4>", "segment_kernelILi4EE", 128, 4, 33, 64),
     CudaVariant("warp_kernel<8>", "warp_kernelILi8EE", 256, 8, 1, 8),
     CudaVariant("warp_kernel<16>", "warp_kernelILi16EE", 256, 16, 9, 16),
     CudaVariant("warp_kernel<32>", "warp_kernelILi32EE", 256, 32, 17, 32),
@@ -168,7 +171,7 @@ CUDA_VARIANTS = (
 
 # The float32 calls the launcher sends to thread_kernel<32> (group_math.h's wide_lane_takes: grpo,
 # and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
-# and a build for every call ("default"), takes warp_kernel<32> there.
+# and a build for every call ("default"), takes segment_kernel<2> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
 
 

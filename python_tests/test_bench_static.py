@@ -117,11 +117,13 @@ def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(16).name == "thread_kernel<16>"
     assert sk.cuda_variant_for(32).name == "thread_kernel<32>"
     assert sk.cuda_variant_for(32, build="maxk_loo1/fp32").name == "thread_kernel<32>"
-    # the calls a wide lane does not take, and a build for every call, run the sub-warp kernel
-    assert sk.cuda_variant_for(32, build="maxk_offpolicy/fp32").name == "warp_kernel<32>"
-    assert sk.cuda_variant_for(32, build="default").name == "warp_kernel<32>"
+    # the calls a wide lane does not take, and a build for every call, run the 2-lane segment kernel
+    assert sk.cuda_variant_for(32, build="maxk_offpolicy/fp32").name == "segment_kernel<2>"
+    assert sk.cuda_variant_for(32, build="default").name == "segment_kernel<2>"
+    assert sk.cuda_variant_for(64).name == "segment_kernel<4>"
+    # an older launcher: the sub-warp kernel at 32, a 32-thread block at 64
     assert sk.cuda_variant_for(32, {"thread_kernel<16>", "warp_kernel<32>"}).name == "warp_kernel<32>"
-    assert sk.cuda_variant_for(64).name == "block_kernel<32,2>"
+    assert sk.cuda_variant_for(64, {"block_kernel<32,2>", "block_kernel<128,2>"}).name == "block_kernel<32,2>"
     assert sk.cuda_variant_for(128).name == "block_kernel<64,2>"
     assert sk.cuda_variant_for(256).name == "block_kernel<128,2>"
     # a build of the launcher before the size buckets (no small-group kernel): its sub-warp kernels

@@ -1,6 +1,6 @@
 """Safety of the native (C++/CUDA) path with checks off, provable without a GPU.
 
-* The CUDA kernels' group flow and sub-warp sort network, emulated on the host on NaN/inf inputs
+* The CUDA kernels' group flow and sort networks, emulated on the host on NaN/inf inputs
   and malformed offsets (csrc/tests/test_cuda_guards.cpp, also run by ctest in scripts/ci_native.sh).
 * Strided offsets/values/deltas reach the native op with correct results.
 * The bare-nvcc build embeds compute_90 PTX next to its cubins.

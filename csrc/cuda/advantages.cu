@@ -8,20 +8,21 @@
 //                every launch starts with it;
 //   * n <= 32:   float32 rewards and a call a wide lane takes (grpo; maxk, pass@k, maxk_loo1
 //                from a bank): thread_kernel<32> for all the groups of the launch, its arrays in
-//                float; otherwise thread_kernel<16>, then the sub-warp executor for the groups of 17..32
-//                samples: 32 lanes per group, one element per lane, bitonic sort with shuffles,
-//                shuffle scans and reductions;
-//   * n <= 4096: or the block executor, one block per group of more than 16 (blocks of 32 threads
-//                up to 64 samples, 64 up to 128, then 128-512 threads): cub::BlockRadixSort
-//                (over the key bits the dtype can set up to 2048 samples: 9 passes for float32 and
-//                narrower, 16 for double),
+//                float; otherwise thread_kernel<16>, then the segment executor for the groups of
+//                17..32 samples (segment_exec.h): 2 lanes per group, 16 ranks per lane in
+//                registers, each lane's slots sorted by the odd-even network and merged across
+//                lanes by shuffles, the lane executor's serial scans carried across lanes;
+//   * n <= 64:   the same with 4 lanes per group (segment_kernel<4>);
+//   * n <= 4096: the block executor, one block per group of more than 16 (64 threads up to 128
+//                samples, then 128-512 threads): cub::BlockRadixSort (over the key bits the dtype
+//                can set up to 2048 samples: 9 passes for float32 and narrower, 16 for double),
 //                then per-thread serial scans over ITEMS consecutive ranks combined across threads
 //                with shuffles and a tiny shared array of warp totals (one word per warp).
 // Weight tables: a linear estimator reads the call's table bank when it has one (built once per
 // call on the host, cached); the others build their table per group.
 // Safety with check_inputs=False (guards.h): every group is classified from its offsets before any
 // read (malformed or larger than the launch's bound: NaN-filled inside the output, nothing read);
-// a group with a NaN/inf reward (or raw delta) is NaN-filled by source index; every store goes
+// a group with a NaN/inf reward (or delta) is NaN-filled by source index; every store goes
 // to base + a source index < n, never to a position derived from the sort alone.
 // The per-group mathematics is bk::compute_group (group_math.h), shared with the CPU kernel.
 #include <cuda_bf16.h>
@@ -34,6 +35,7 @@
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
 #include "bonkernels/lane_exec.h"
+#include "bonkernels/segment_exec.h"
 #include "cuda/guards.h"
 #include "cuda/launch.h"
 
@@ -170,138 +172,129 @@ __device__ __forceinline__ T segment_shift(unsigned mask, int lane, bool reverse
   return has ? o : id;
 }
 
-// ----------------------------------------------------------------------------- sub-warp executor
-
-// W lanes per group, one element per lane; lane l holds rank l + 1 after the sort.
-template <int W>
-struct WarpExec {
-  struct Vec {
-    double v[1];
-    __device__ __forceinline__ double& operator[](int) { return v[0]; }
-  };
-  int n;
-  int lane;       // lane within the segment
-  unsigned mask;  // the segment's lanes
-  int idx;        // original position (within the group) of this lane's element
-  int64_t base;
-  void* out;
-  int dtype;
-
-  __device__ __forceinline__ void alloc(Vec&) {}
-
-  template <class F>
-  __device__ __forceinline__ void for_each(F f) {
-    if (lane < n) f(0, lane + 1);
-  }
-
-  template <class T, class Op, class Term, class Consume>
-  __device__ __forceinline__ void scan(bool reverse, T id, Op op, Term term, Consume consume) {
-    const bool valid = lane < n;
-    const T t = valid ? term(0, lane + 1) : id;
-    const T inc = segment_inclusive_scan<W>(mask, lane, reverse, t, id, op);
-    const T exc = segment_shift<W>(mask, lane, reverse, inc, id);
-    if (valid) consume(0, lane + 1, exc);
-  }
-
-  template <class T, class Op, class Term>
-  __device__ __forceinline__ T reduce(T id, Op op, Term term) {
-    T r = lane < n ? term(0, lane + 1) : id;
-    BK_UNROLL
-    for (int off = W / 2; off >= 1; off >>= 1) r = op(r, shfl_xor(mask, r, off, W));
-    return r;
-  }
-
-  template <class Pred>
-  __device__ __forceinline__ bool any(Pred pred) {
-    return __any_sync(mask, lane < n && pred(0, lane + 1)) != 0;
-  }
-
-  __device__ __forceinline__ void weights(int N, int K, Vec& at) { weights_by_scan<WarpExec, false>(*this, N, K, at, at); }
-  __device__ __forceinline__ void weights2(int N, int K, Vec& at, Vec& prev) {
-    weights_by_scan<WarpExec, true>(*this, N, K, at, prev);
-  }
-  // Bank mode reads the block in global memory at each use (no registers held per table row).
-  template <class Body>
-  __device__ __forceinline__ bool tables(const Params& p, int code, int k, Body body) {
-    return with_tables(*this, p, code, k, body);
-  }
-
-  __device__ __forceinline__ void emit(int, double v) {
-    if (max(lane, idx) < n) store_value(dtype, out, base + idx, v);  // idx: the source index, < n
-  }
-};
-
-// Bitonic sort of (key, idx) across the W lanes of a segment, ascending, in the total order of
-// guards.h (key bits, then idx): a permutation of the lanes for any keys, NaN included.
-template <int W>
-__device__ __forceinline__ void segment_bitonic_sort(unsigned mask, int lane, double& key, int& idx) {
-  BK_UNROLL
-  for (int size = 2; size <= W; size <<= 1) {
-    BK_UNROLL
-    for (int stride = size / 2; stride > 0; stride >>= 1) {
-      const double pk = __shfl_xor_sync(mask, key, stride, W);
-      const int pi = __shfl_xor_sync(mask, idx, stride, W);
-      if (bitonic_take_partner(lane, size, stride, key, idx, pk, pi)) {
-        key = pk;
-        idx = pi;
-      }
-    }
-  }
-}
-
 // NaN into out[lo, hi) (a span from classify_group: inside the output), `step` threads from `first`.
 __device__ __forceinline__ void nan_fill(int dtype, void* out, int64_t lo, int64_t hi, int first, int step) {
   for (int64_t i = lo + first; i < hi; i += step) store_value(dtype, out, i, BK_NAN);
 }
 
-// Whether a group's loaded inputs break the NaN contract: any lane of the segment (every lane of
-// the segment calls this, with its own flag).
-__device__ __forceinline__ bool segment_any(unsigned mask, bool flag) {
-  return (__ballot_sync(mask, flag) & mask) != 0u;
+// ----------------------------------------------------------------------------- segment kernel
+
+// The lanes of a warp segment as segment_exec.h's Team: shuffles among the segment's P lanes.
+template <class T>
+__device__ __forceinline__ T shfl_idx(unsigned mask, const T& v, int src, int w) {
+  return __shfl_sync(mask, v, src, w);
+}
+template <int M>
+__device__ __forceinline__ DVec<M> shfl_idx(unsigned mask, const DVec<M>& v, int src, int w) {
+  DVec<M> r;
+  BK_UNROLL
+  for (int i = 0; i < M; ++i) r.v[i] = __shfl_sync(mask, v.v[i], src, w);
+  return r;
 }
 
-template <int W>
-__global__ void __launch_bounds__(256) warp_kernel(int dtype, const void* __restrict__ values,
-                                                   const int64_t* __restrict__ offsets,
-                                                   const void* __restrict__ deltas, void* __restrict__ out,
-                                                   int64_t num_groups, int64_t total, Params p, int n_lo) {
-  BK_STATIC_SPECIALISE(dtype, p);
-  const int lane32 = threadIdx.x & 31;
-  const int lane = lane32 % W;
-  const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / W;
-  WarpExec<W> ex;
-  ex.lane = lane;
-  ex.mask = (W == 32) ? 0xffffffffu : (((1u << W) - 1u) << (lane32 - lane));
-  ex.n = 0;
-  ex.base = 0;
-  if (g < num_groups) {  // uniform per segment
-    const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, n_lo, W, W);
-    if (span.action == GROUP_COMPUTE) {
-      ex.base = span.lo;
-      ex.n = int(span.hi - span.lo);
-    } else if (span.action == GROUP_NAN_FILL) {
-      nan_fill(dtype, out, span.lo, span.hi, lane, W);
-    }
+template <int P>
+struct WarpTeam {
+  int lane;       // within the segment
+  unsigned mask;  // the segment's lanes
+  template <class T>
+  __device__ __forceinline__ T take(const T& v, int src) const {
+    return shfl_idx(mask, v, src, P);
   }
-  ex.out = out;
-  ex.dtype = dtype;
-  const bool mine = lane < ex.n;  // this lane holds source index `lane` of the group
-  double key = mine ? load_value(dtype, values, ex.base + lane) : BK_INF;
-  bool bad = mine && !finite_value(key);
-  if (needs_deltas(p.code) && deltas != nullptr && mine) bad = bad || !finite_value(load_value(dtype, deltas, ex.base + lane));
-  if (segment_any(ex.mask, bad)) {  // the NaN contract: every sample of the group, by source index
-    if (mine) store_value(dtype, out, ex.base + lane, BK_NAN);
-    ex.n = 0;
-    key = BK_INF;
+  __device__ __forceinline__ bool any(bool b) const { return __any_sync(mask, b) != 0; }
+};
+
+// Final values to the output by source index (compute_group has clipped them).
+struct SegmentSink {
+  int idx[kSegmentItems];  // source index (within the group) of each slot, from the sort
+  int n;
+  int first;
+  int64_t base;
+  void* out;
+  int dtype;
+  __device__ __forceinline__ void operator()(int s, double v) {
+    if (max(first + s, idx[s]) < n) store_value(dtype, out, base + idx[s], v);  // idx: a source index < n
   }
-  int idx = lane;
-  segment_bitonic_sort<W>(ex.mask, lane, key, idx);
-  ex.idx = idx;
-  typename WarpExec<W>::Vec x, delta;
-  x[0] = key;
-  // (lane < n implies idx < n: the sort is a permutation and every real key is below the padding)
-  delta[0] = (needs_deltas(p.code) && deltas != nullptr && lane < ex.n) ? load_delta(dtype, deltas, ex.base + idx, p) : 0.0;
+};
+
+// Loads the lane's slots as keys of type K (+inf past n) and sorts the segment (when `sort`).
+// False on every lane, with nothing sorted, when a reward of the group is NaN or inf: the caller
+// NaN-fills the group by source index (the NaN contract; the sort needs finite keys).
+template <int P, class K, class Ex>
+__device__ __forceinline__ bool segment_load_sorted(int dtype, const void* __restrict__ values, bool sort, Ex& ex,
+                                                    typename Ex::Vec& x) {
+  constexpr int I = kSegmentItems;
+  K key[I];
+  bool bad = false;
+  BK_UNROLL
+  for (int s = 0; s < I; ++s) {
+    const int i = ex.first + s;
+    const double v = i < ex.n ? load_value(dtype, values, ex.sink.base + i) : BK_INF;
+    bad = bad || (i < ex.n && !finite_value(v));
+    key[s] = K(v);
+    ex.sink.idx[s] = i;
+  }
+  if (ex.team.any(bad)) return false;
+  if (sort) segment_sort<P, I>(ex.team, key, ex.sink.idx);
+  BK_UNROLL
+  for (int s = 0; s < I; ++s) x[s] = double(key[s]);
+  return true;
+}
+
+// One group of n <= P * 16 samples at span.lo on a segment of P lanes.
+template <int P>
+__device__ __forceinline__ void segment_group(int dtype, const void* __restrict__ values,
+                                              const void* __restrict__ deltas, void* __restrict__ out, const Params& p,
+                                              const GroupSpan& span, int lane, unsigned mask) {
+  constexpr int I = kSegmentItems;
+  using Ex = SegmentExec<P, I, WarpTeam<P>, SegmentSink>;
+  Ex ex;
+  ex.n = int(span.hi - span.lo);
+  ex.first = lane * I;
+  ex.team.lane = lane;
+  ex.team.mask = mask;
+  ex.sink.n = ex.n;
+  ex.sink.first = ex.first;
+  ex.sink.base = span.lo;
+  ex.sink.out = out;
+  ex.sink.dtype = dtype;
+  typename Ex::Vec x, delta;
+  const bool sort = !order_free(p.code);
+  const bool loaded = dtype == BK_FLOAT64 ? segment_load_sorted<P, double>(dtype, values, sort, ex, x)
+                                          : segment_load_sorted<P, float>(dtype, values, sort, ex, x);
+  if (!loaded) {
+    BK_UNROLL
+    for (int s = 0; s < I; ++s)
+      if (ex.first + s < ex.n) store_value(dtype, out, span.lo + ex.first + s, BK_NAN);
+    return;
+  }
+  const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
+  BK_UNROLL
+  for (int s = 0; s < I; ++s)  // a non-finite delta makes compute_group NaN-fill the group
+    delta[s] = (off_policy && ex.valid(s)) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
+}
+
+// P lanes per group of up to P * 16 samples (segment_exec.h): each lane holds 16 consecutive ranks
+// in registers and runs the lane executor's serial code over them; sort merges and scan carries
+// cross lanes by shuffles. No shared memory, no block barrier.
+template <int P>
+__global__ void __launch_bounds__(128, 1) segment_kernel(int dtype, const void* __restrict__ values,
+                                                      const int64_t* __restrict__ offsets,
+                                                      const void* __restrict__ deltas, void* __restrict__ out,
+                                                      int64_t num_groups, int64_t total, Params p, int n_lo) {
+  BK_STATIC_SPECIALISE(dtype, p);
+  constexpr int cap = P * kSegmentItems;
+  const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / P;
+  if (g >= num_groups) return;  // uniform per segment
+  const int lane32 = threadIdx.x & 31;
+  const int lane = lane32 % P;
+  const unsigned mask = (P == 32) ? 0xffffffffu : (((1u << P) - 1u) << (lane32 - lane));
+  const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, n_lo, cap, cap);
+  if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, lane, P);
+  if (span.action != GROUP_COMPUTE) return;  // uniform per segment
+  // One variant for every size: a second one with the size a compile-time constant (as the
+  // small-group kernel has) pushes the all-estimator build past 255 registers (spills).
+  segment_group<P>(dtype, values, deltas, out, p, span, lane, mask);
 }
 
 // ----------------------------------------------------------------------------- block executor
@@ -727,9 +720,9 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
       case kThreadKernelMax: break;  // the small-group kernel took every group
       case kThreadKernelMaxWide:
         if (wide_thread_kernel) break;  // thread_kernel<32> took every group
-        rc = launch(warp_kernel<32>, unsigned((num_groups * 32 + 255) / 256), 256, BK_ARGS, lo);
+        rc = launch(segment_kernel<2>, unsigned((num_groups * 2 + 127) / 128), 128, BK_ARGS, lo);
         break;
-      case 64: rc = launch(block_kernel<32, 2>, groups, 32, BK_ARGS, lo); break;
+      case 64: rc = launch(segment_kernel<4>, unsigned((num_groups * 4 + 127) / 128), 128, BK_ARGS, lo); break;
       case 128: rc = launch(block_kernel<64, 2>, groups, 64, BK_ARGS, lo); break;
       case 256: rc = launch(block_kernel<128, 2>, groups, 128, BK_ARGS, lo); break;
       case 512: rc = launch(block_kernel<128, 4>, groups, 128, BK_ARGS, lo); break;

@@ -3,8 +3,7 @@
 //   * classify_group: what a kernel may do with a group, from its two offsets alone (bounds and
 //     the launch's size bound), before it reads any value;
 //   * finite_value: the NaN/inf contract (a group with a non-finite input gives NaN everywhere);
-//   * the compare-exchange step of the sub-warp bitonic sort, over a total order of (key, index),
-//     so the network is a permutation of the lanes whatever the bit patterns of the keys.
+//   * clip_rounded: the small-group kernel's clip in single precision.
 // Torch-free and CUDA-free (plain C++ on the host).
 #pragma once
 
@@ -84,23 +83,6 @@ BK_HD float min_keep_nan(float a, float b) {
 #endif
 }
 BK_HD float clip_rounded(float f, float lo, float hi) { return min_keep_nan(max_keep_nan(f, lo), hi); }
-
-// Strict total order of sort entries: by key bits, then by source index (indices are distinct).
-BK_HD bool entry_less(double a, int ia, double b, int ib) {
-  const uint64_t ua = orderable_f64(a), ub = orderable_f64(b);  // common.h
-  return ua < ub || (ua == ub && ia < ib);
-}
-
-// One compare-exchange of the ascending bitonic network over W lanes (stage `size`, distance
-// `stride`), seen from `lane`: whether the lane takes its partner's entry (lane ^ stride). Lane
-// and partner decide with the same strict order, so exactly one of each pair keeps each entry.
-BK_HD bool bitonic_take_partner(int lane, int size, int stride, double key, int idx, double partner_key,
-                                int partner_idx) {
-  const bool ascending = (lane & size) == 0;
-  const bool lower = (lane & stride) == 0;
-  const bool partner_less = entry_less(partner_key, partner_idx, key, idx);
-  return (lower == ascending) ? partner_less : !partner_less;
-}
 
 }  // namespace cuda
 }  // namespace bk

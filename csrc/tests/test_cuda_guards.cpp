@@ -3,19 +3,19 @@
 // stores are emulated lane by lane (shuffles as array reads), so CI without a GPU checks:
 //   * classify_group: every index a kernel may touch lies in [0, total), for malformed offsets
 //     (negative, decreasing, past the end) and undersized launch bounds;
-//   * the sub-warp kernel (W = 8, 16, 32): bitonic network over the total order is a permutation
-//     for any keys (NaN, -NaN, +-inf, -0, subnormals), and the whole group flow writes every sample
-//     exactly once, inside the group, NaN for a group with a non-finite value;
-//   * the block kernel's flow (radix order of the keys, as cub::BlockRadixSort orders doubles);
+//   * the block kernel's flow (radix order of the keys, as cub::BlockRadixSort orders doubles):
+//     for any keys (NaN, -NaN, +-inf, -0, subnormals) it writes every sample exactly once, inside
+//     the group, NaN for a group with a non-finite value;
 //   * the small-group kernel (one thread per group, W = 8, 16, and 32 for float32 and narrower): its lane sorts
 //     (odd-even merge networks on the float rewards with their indices, after a check that refuses
 //     NaN and inf, and on (key, index) pairs for doubles) order every group as std::sort does and are permutations
 //     for any bit patterns; size buckets (bucket_group) give every sample of a batch exactly one
 //     writer across the launch's two kernels, for malformed offsets and undersized bounds too; its
 //     clip in single precision after the rounding gives the float of the double clip;
-//   * the checks can fail: the flows before the fix (NaN/inf not pre-checked, stores gated by
-//     sorted position only, the IEEE compare in the network) are run through the same checks and
-//     must be caught writing outside the group or leaving samples unwritten.
+//   * the checks can fail: the flow before the fix (NaN/inf not pre-checked, stores gated by
+//     sorted position only) is run through the same checks and must be caught writing outside the
+//     group or leaving samples unwritten.
+// The segment kernel (groups of 17..64) is checked in test_group_math.cpp, its lanes run by threads.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,40 +80,6 @@ void test_classify_group() {
 
 // ----------------------------------------------------------------------------- the sort networks
 
-// The kernels' network with the guards.h order (shuffle = read the partner's lane of the arrays).
-void bitonic_fixed(int W, std::vector<double>& key, std::vector<int>& idx) {
-  for (int size = 2; size <= W; size <<= 1)
-    for (int stride = size / 2; stride > 0; stride >>= 1) {
-      const std::vector<double> k0 = key;
-      const std::vector<int> i0 = idx;
-      for (int lane = 0; lane < W; ++lane) {
-        const int p = lane ^ stride;
-        if (bk::cuda::bitonic_take_partner(lane, size, stride, k0[lane], i0[lane], k0[p], i0[p])) {
-          key[lane] = k0[p];
-          idx[lane] = i0[p];
-        }
-      }
-    }
-}
-
-// The network before the fix: IEEE compare (pk < key || (pk == key && pi < idx)).
-void bitonic_ieee(int W, std::vector<double>& key, std::vector<int>& idx) {
-  for (int size = 2; size <= W; size <<= 1)
-    for (int stride = size / 2; stride > 0; stride >>= 1) {
-      const std::vector<double> k0 = key;
-      const std::vector<int> i0 = idx;
-      for (int lane = 0; lane < W; ++lane) {
-        const int p = lane ^ stride;
-        const bool ascending = (lane & size) == 0, lower = (lane & stride) == 0;
-        const bool partner_less = k0[p] < k0[lane] || (k0[p] == k0[lane] && i0[p] < i0[lane]);
-        if ((lower == ascending) ? partner_less : !partner_less) {
-          key[lane] = k0[p];
-          idx[lane] = i0[p];
-        }
-      }
-    }
-}
-
 // cub::BlockRadixSort on double keys: ascending in the sign-flipped bit order (positive NaN after
 // +inf, negative NaN before -inf), stable in the index.
 void radix_order(std::vector<double>& key, std::vector<int>& idx) {
@@ -139,7 +105,6 @@ bool is_permutation_of_lanes(const std::vector<int>& idx) {
 // ----------------------------------------------------------------------------- one group, emulated
 
 enum class Flow { kFixed, kBeforeFix };
-enum class Network { kWarp, kBlock };
 
 struct Outcome {
   bool wrote_outside = false;   // a store outside [base, base + n) of the output
@@ -149,7 +114,7 @@ struct Outcome {
 
 // One group of n values at `base` of an output with guard slots around it; `slots` sort entries
 // (W lanes, or BLOCK * ITEMS), padding +inf with indices n..slots-1, as the kernels do.
-Outcome run_group(Network net, Flow flow, int slots, const std::vector<double>& vals) {
+Outcome run_group(Flow flow, int slots, const std::vector<double>& vals) {
   const int n = int(vals.size());
   const int guard = slots + 4, base = guard;
   std::vector<int> writes(size_t(2 * guard + n), 0);
@@ -171,14 +136,9 @@ Outcome run_group(Network net, Flow flow, int slots, const std::vector<double>& 
     key[size_t(lane)] = lane < group_n ? vals[size_t(lane)] : kInf;
     idx[size_t(lane)] = lane;
   }
-  if (net == Network::kWarp) {
-    if (flow == Flow::kFixed) bitonic_fixed(slots, key, idx);
-    else bitonic_ieee(slots, key, idx);
-  } else {
-    radix_order(key, idx);
-  }
+  radix_order(key, idx);
   if (flow == Flow::kFixed && !is_permutation_of_lanes(idx)) {
-    expect(false, "the fixed network is a permutation of the lanes", slots, n);
+    expect(false, "the sort is a permutation of the slots", slots, n);
   }
   for (int pos = 0; pos < slots; ++pos) {  // emit: a value per sorted position < n
     const int i = idx[size_t(pos)];
@@ -203,7 +163,7 @@ double draw(std::mt19937_64& rng) {
   return std::normal_distribution<double>(0.0, 1.0)(rng);
 }
 
-void test_groups(Network net, const char* name, const std::vector<int>& slot_counts) {
+void test_groups(const char* name, const std::vector<int>& slot_counts) {
   std::mt19937_64 rng(20261202);
   int caught_before_fix = 0;
   for (int slots : slot_counts) {
@@ -217,18 +177,18 @@ void test_groups(Network net, const char* name, const std::vector<int>& slot_cou
         else vals[size_t(i)] = std::normal_distribution<double>(0.0, 1.0)(rng);
       }
       if (mode == 1) vals[size_t(rng() % uint64_t(n))] = draw(rng);
-      const Outcome fixed = run_group(net, Flow::kFixed, slots, vals);
+      const Outcome fixed = run_group(Flow::kFixed, slots, vals);
       expect(!fixed.wrote_outside, "fixed flow: no store outside the group", slots, n);
       expect(!fixed.left_unwritten, "fixed flow: every sample stored exactly once", slots, n);
       expect(!fixed.wrong_nan, "fixed flow: NaN exactly for groups with a non-finite value", slots, n);
-      const Outcome before = run_group(net, Flow::kBeforeFix, slots, vals);
+      const Outcome before = run_group(Flow::kBeforeFix, slots, vals);
       if (before.wrote_outside || before.left_unwritten) ++caught_before_fix;
     }
     // Deterministic cases from the issue: a NaN in a full group; a real +inf tying with padding.
     std::vector<double> nan_last(size_t(slots - 1), 0.5);
     nan_last[0] = std::nan("");
-    const Outcome a = run_group(net, Flow::kBeforeFix, slots, nan_last);
-    const Outcome b = run_group(net, Flow::kFixed, slots, nan_last);
+    const Outcome a = run_group(Flow::kBeforeFix, slots, nan_last);
+    const Outcome b = run_group(Flow::kFixed, slots, nan_last);
     expect(b.wrote_outside == false && b.left_unwritten == false && !b.wrong_nan, "NaN group, fixed", slots);
     if (a.wrote_outside || a.left_unwritten) ++caught_before_fix;
   }
@@ -241,9 +201,9 @@ void test_total_order() {
   const double keys[] = {std::nan(""), neg_nan(), kInf, -kInf, 0.0, -0.0, 5e-324, -5e-324, 1.0, -1.0, 2.0};
   for (double a : keys)
     for (double b : keys) {
-      const bool ab = bk::cuda::entry_less(a, 0, b, 1), ba = bk::cuda::entry_less(b, 1, a, 0);
-      expect(ab != ba, "entry_less is a strict total order (exactly one direction)");
-      if (!std::isnan(a) && !std::isnan(b) && a < b) expect(ab, "entry_less agrees with < on numbers");
+      const bool ab = bk::orderable_f64(a) < bk::orderable_f64(b), ba = bk::orderable_f64(b) < bk::orderable_f64(a);
+      expect(ab != ba || std::memcmp(&a, &b, sizeof a) == 0, "orderable_f64 is a strict total order on the bits");
+      if (!std::isnan(a) && !std::isnan(b) && a < b) expect(ab, "orderable_f64 agrees with < on numbers");
     }
   expect(!bk::cuda::finite_value(std::nan("")) && !bk::cuda::finite_value(kInf) && !bk::cuda::finite_value(-kInf) &&
              bk::cuda::finite_value(5e-324) && bk::cuda::finite_value(-1e308),
@@ -422,8 +382,7 @@ void test_clip_after_rounding() {
 int main() {
   test_classify_group();
   test_total_order();
-  test_groups(Network::kWarp, "sub-warp bitonic network (W = 8, 16, 32)", {8, 16, 32});
-  test_groups(Network::kBlock, "block kernel (radix order)", {64, 256});
+  test_groups("block kernel (radix order)", {64, 256});
   test_lane_sorts();
   test_bucket_group();
   test_clip_after_rounding();

@@ -2,15 +2,25 @@
 // k-subsets, for n = 1..9 and every k, on random rewards with ties. Run by ctest (CMakeLists.txt).
 // Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
 // ScanTablesExec (tables from the generic product scan, what the CUDA executors run); the lane
-// executor as the CUDA kernel's wide lane (W = 32) is checked against the plain lane.
+// executor as the CUDA kernel's wide lane (W = 32) is checked against the plain lane, and the
+// segment executor (the CUDA kernel of groups of 17..64) against SerialExec, its lanes played by
+// host threads.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
-#include <limits>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "bonkernels/group_math.h"
 #include "bonkernels/lane_exec.h"
+#include "bonkernels/segment_exec.h"
 #include "bonkernels/serial_exec.h"
 
 namespace {
@@ -35,10 +45,8 @@ struct ScanTablesExec : bk::SerialExec {
 };
 
 // Run one estimator on one group (any order); values back in the original order, natural scale.
-template <class Ex>
-std::vector<double> run(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
-                        double eps = 1e-6, const bk::Params* base = nullptr) {
-  const int n = int(g.size());
+// The parameters of one call in the natural scale, no clamp, no clip (base: bank and rules).
+bk::Params call_params(int code, int k, double eps, const bk::Params* base) {
   bk::Params p{};
   if (base) p = *base;
   p.k = k;
@@ -48,6 +56,14 @@ std::vector<double> run(int code, const std::vector<double>& g, const std::vecto
   p.clip_hi = INFINITY;
   p.mean_scale = bk::natural_scale_is_mean(code) ? 1 : 0;
   p.eps = eps;
+  return p;
+}
+
+template <class Ex>
+std::vector<double> run(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
+                        double eps = 1e-6, const bk::Params* base = nullptr) {
+  const int n = int(g.size());
+  const bk::Params p = call_params(code, k, eps, base);
   std::vector<std::pair<double, int32_t>> pairs(n);
   for (int i = 0; i < n; ++i) pairs[i] = {g[i], i};
   bk::sort_pairs(pairs.data(), n);
@@ -450,6 +466,221 @@ void check_bank() {
       }
 }
 
+// ---------------------------------------------------------------- the segment executor on host lanes
+
+// P host threads play the P lanes of a segment (segment_exec.h): take() and any() meet at a
+// barrier, as the lanes of a warp meet at a shuffle. Lanes that make different sequences of calls
+// (which would hang or corrupt a warp) trip the size check or the timeout.
+class Rendezvous {
+ public:
+  explicit Rendezvous(int lanes) : lanes_(lanes) {}
+  int lanes() const { return lanes_; }
+
+  template <class T>
+  T exchange(int lane, const T& v, int src) {
+    slot_[lane] = &v;
+    size_[lane] = sizeof(T);
+    wait();
+    if (size_[src] != sizeof(T)) diverged("values of different types");
+    T r;
+    std::memcpy(static_cast<void*>(&r), slot_[src], sizeof(T));
+    wait();  // the source keeps v alive until every lane has read it
+    return r;
+  }
+
+ private:
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const long generation = generation_;
+    if (++arrived_ == lanes_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return generation_ != generation; }))
+      diverged("a lane stopped calling (timeout)");
+  }
+  [[noreturn]] static void diverged(const char* why) {
+    std::printf("FAIL segment lanes diverged: %s\n", why);
+    std::fflush(stdout);
+    std::abort();
+  }
+
+  int lanes_;
+  int arrived_ = 0;
+  long generation_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const void* slot_[32] = {};
+  size_t size_[32] = {};
+};
+
+struct HostTeam {
+  int lane;
+  Rendezvous* rv;
+  template <class T>
+  T take(const T& v, int src) {
+    return rv->exchange(lane, v, src);
+  }
+  bool any(bool b) {
+    bool r = false;
+    for (int src = 0; src < rv->lanes(); ++src) r = take(b, src) || r;  // every lane, same calls
+    return r;
+  }
+};
+
+struct HostSegmentSink {
+  int idx[bk::kSegmentItems];  // source index of each slot (the sort writes it)
+  std::vector<double>* out;
+  std::vector<int>* writes;
+  void operator()(int s, double v) {
+    const int i = idx[s];
+    if (i < 0 || i >= int(out->size())) {
+      std::printf("FAIL segment emit to index %d of %d\n", i, int(out->size()));
+      std::abort();
+    }
+    (*out)[i] = v;
+    ++(*writes)[i];
+  }
+};
+
+// One lane of the segment for run_segment.
+template <int P, class K>
+void segment_lane(int lane, Rendezvous& rv, const bk::Params& p, const std::vector<double>& g,
+                  const std::vector<double>& delta, std::vector<double>& out, std::vector<int>& writes) {
+  constexpr int I = bk::kSegmentItems;
+  using Ex = bk::SegmentExec<P, I, HostTeam, HostSegmentSink>;
+  const int n = int(g.size());
+  Ex ex;
+  ex.n = n;
+  ex.first = lane * I;
+  ex.team = HostTeam{lane, &rv};
+  ex.sink.out = &out;
+  ex.sink.writes = &writes;
+  K key[I];
+  for (int s = 0; s < I; ++s) {
+    const int i = ex.first + s;
+    key[s] = i < n ? K(g[i]) : K(INFINITY);
+    ex.sink.idx[s] = i;
+  }
+  bk::segment_sort<P, I>(ex.team, key, ex.sink.idx);
+  typename Ex::Vec x, d;
+  for (int s = 0; s < I; ++s) {
+    x[s] = double(key[s]);
+    d[s] = (ex.valid(s) && !delta.empty()) ? delta[ex.sink.idx[s]] : 0.0;
+  }
+  bk::compute_group(ex, p, x, d);
+}
+
+// One group on a segment of P host lanes, as the CUDA segment kernel runs it: each lane loads
+// its slots (keys of type K, +inf past n), the segment sorts, each lane reads its deltas by
+// source index and runs compute_group. Values back in the original order; every sample must be
+// written exactly once.
+template <int P, class K>
+std::vector<double> run_segment(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
+                                const bk::Params* base) {
+  const int n = int(g.size());
+  const bk::Params p = call_params(code, k, 1e-6, base);
+  std::vector<double> out(n, -12345.0);
+  std::vector<int> writes(n, 0);
+  Rendezvous rv(P);
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < P; ++lane)
+    lanes.emplace_back([&, lane] { segment_lane<P, K>(lane, rv, p, g, delta, out, writes); });
+  for (auto& t : lanes) t.join();
+  for (int i = 0; i < n; ++i) expect_close(writes[i], 1, 0.0, "segment writes each sample once", n, code, i);
+  return out;
+}
+
+// The segment sort alone: ascending keys, every entry once, key and index still paired.
+template <int P, class K>
+void check_segment_sort(std::mt19937_64& rng, int n, bool ties) {
+  constexpr int I = bk::kSegmentItems;
+  std::normal_distribution<double> normal;
+  std::vector<K> v(n);
+  for (auto& x : v) x = ties ? K(std::round(normal(rng) * 2) / 2) : K(normal(rng));
+  std::vector<K> sorted(P * I);
+  std::vector<int> order(P * I);
+  Rendezvous rv(P);
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < P; ++lane)
+    lanes.emplace_back([&, lane] {
+      HostTeam team{lane, &rv};
+      K key[I];
+      int idx[I];
+      for (int s = 0; s < I; ++s) {
+        const int i = lane * I + s;
+        key[s] = i < n ? v[i] : K(INFINITY);
+        idx[s] = i;
+      }
+      bk::segment_sort<P, I>(team, key, idx);
+      for (int s = 0; s < I; ++s) sorted[lane * I + s] = key[s], order[lane * I + s] = idx[s];
+    });
+  for (auto& t : lanes) t.join();
+  std::vector<K> want = v;
+  std::sort(want.begin(), want.end());
+  std::vector<int> seen(P * I, 0);
+  for (int r = 0; r < P * I; ++r) {
+    if (r < n) {
+      expect_close(double(sorted[r]), double(want[r]), 0.0, "segment sort", n, P, r);
+      expect_close(order[r] < n, 1, 0.0, "segment sort keeps padding last", n, P, r);
+      if (order[r] < n) expect_close(double(v[order[r]]), double(sorted[r]), 0.0, "segment sort keeps pairs", n, P, r);
+    }
+    if (order[r] >= 0 && order[r] < P * I) seen[order[r]]++;
+  }
+  for (int i = 0; i < P * I; ++i) expect_close(seen[i], 1, 0.0, "segment sort is a permutation", n, P, i);
+}
+
+// Every estimator on a segment of P lanes against SerialExec, single-k and from a bank, with float
+// keys (float32 rewards, what the kernel sorts for float32/float16/bfloat16) and double keys.
+template <int P, class K>
+void check_segment_sizes(std::mt19937_64& rng, const std::vector<int>& sizes) {
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
+  for (int n : sizes) {
+    for (int rep = 0; rep < 2; ++rep) check_segment_sort<P, K>(rng, n, rep == 1);
+    for (int code = 0; code < bk::NUM_CODES; ++code) {
+      const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
+      std::vector<double> g(n), delta(n);
+      for (int i = 0; i < n; ++i) {
+        g[i] = binary ? double(uni(rng) > 0) : (n % 3 ? double(K(uni(rng))) : std::round(uni(rng) * 4) / 4);
+        delta[i] = 0.3 * uni(rng);
+      }
+      const int k = 1 + int(rng() % unsigned(n));
+      const double tol = (code == bk::GRPO || code == bk::BON_MEAN || code == bk::CHEN_PASSK) ? 1e-9 : 1e-11;
+      const auto want = run<bk::SerialExec>(code, g, delta, k);
+      const auto got = run_segment<P, K>(code, g, delta, k, nullptr);
+      for (int i = 0; i < n; ++i) expect_close(got[i], want[i], tol, "segment = serial", n, code, i);
+      if (code == bk::MAXK_OFFPOLICY && n > 1) {  // a non-finite delta NaN-fills the group (any())
+        auto bad = delta;
+        bad[n / 2] = INFINITY;
+        for (double v : run_segment<P, K>(code, g, bad, k, nullptr)) expect_close(v, NAN, 0.0, "segment NaN delta", n, code, 0);
+      }
+      if (!bk::reads_weight_tables(code)) continue;
+      const auto blk = bank_block(code, n, mix);
+      std::vector<int64_t> index(n + 1, -1);
+      index[n] = 0;
+      const bk::Params base = bank_params(blk, index);
+      const auto bank_want = run<bk::SerialExec>(code, g, delta, 1, 1e-6, &base);
+      const auto bank_got = run_segment<P, K>(code, g, delta, 1, &base);
+      for (int i = 0; i < n; ++i) expect_close(bank_got[i], bank_want[i], 1e-11, "segment bank = serial", n, code, i);
+    }
+  }
+}
+
+void check_segments() {
+  std::mt19937_64 rng(64);
+  std::vector<int> pair_sizes;  // the kernel sends groups of 17..32 to 2 lanes
+  for (int n = 1; n <= 32; ++n) pair_sizes.push_back(n);
+  check_segment_sizes<2, float>(rng, pair_sizes);
+  check_segment_sizes<2, double>(rng, {1, 7, 16, 17, 24, 31, 32});
+  const std::vector<int> quad_sizes = {1, 3, 16, 17, 31, 32, 33, 40, 47, 48, 49, 63, 64};
+  check_segment_sizes<4, float>(rng, quad_sizes);
+  check_segment_sizes<4, double>(rng, quad_sizes);
+  check_segment_sizes<8, float>(rng, {65, 100, 128});  // deeper merges than the kernel uses today
+}
+
 }  // namespace
 
 // The CPU sorts (insertion, std::sort, radix) against std::sort, with negatives, zeros and ties.
@@ -641,6 +872,7 @@ int main() {
   check_constant_and_extremes();
   check_bank();
   check_wide_lane_sizes();
+  check_segments();
   check_non_finite();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;

@@ -7,8 +7,9 @@
 //   * LaneExec (lane_exec.h): one thread walks a group of up to 32 samples held in fixed-width
 //     arrays; the CPU kernel's small groups and, the same code, the CUDA kernel of groups <= 16;
 //   * SerialExec (serial_exec.h): one CPU thread walks a larger group; tables cached per (n, k);
-//   * the CUDA executors (csrc/cuda): one sub-warp (17..32) or one block per group (33..4096),
-//     shuffles and shared memory.
+//   * SegmentExec (segment_exec.h): P lanes per group of up to 16 P samples, 16 ranks per lane,
+//     shuffles between them (the CUDA kernel of groups of 17..64);
+//   * the CUDA block executor (csrc/cuda): one block per group (65..4096), shuffles and shared memory.
 //
 // Executor interface (Ex):
 //   int n;                                       group size (> 0 when compute_group runs)

@@ -1,0 +1,209 @@
+// Segment executor for compute_group (group_math.h): a group of up to P * ITEMS samples held by a
+// segment of P cooperating lanes, ITEMS consecutive ranks per lane in registers (lane l holds ranks
+// l * ITEMS + 1 .. l * ITEMS + ITEMS). Each lane runs the serial code of the lane executor over its
+// own slots; what crosses lanes goes through a Team, whose only primitives are "the value lane
+// `src` passed to this same call" and "does any lane hold true": on the GPU the shuffles of one
+// warp (the CUDA kernel for groups of 17..64 samples), on the host a thread per lane meeting at a
+// barrier (csrc/tests/test_segment_exec.cpp), so the host tests run this file's device logic.
+//
+//   sort:   each lane sorts its ITEMS with the lane executor's odd-even network, then lanes merge
+//           in pairs, fours, ...: a mirror compare between the two halves of the merged span
+//           (rank r against the span's rank S-1-r), then half-cleaners, across lanes for strides
+//           of ITEMS or more and inside the lane below;
+//   scan:   a lane folds its own terms, the lanes' totals are scanned across the segment (log2 P
+//           exchanges), then each lane walks its slots from that carry;
+//   reduce: a lane folds its own terms, then a butterfly over the lanes (op(a, b) and op(b, a) are
+//           equal bit for bit for sum, product and max, so every lane ends with the same value).
+//
+// Team interface:
+//   int lane;                                   this lane, 0 <= lane < P
+//   T take(const T& v, int src)                 every lane of the segment calls it; returns the v
+//                                               of lane src (0 <= src < P)
+//   bool any(bool b)                            every lane of the segment calls it
+// Every lane of a segment makes the same sequence of Team calls: compute_group branches only on
+// values that are equal on every lane (sizes, codes, reductions).
+#pragma once
+
+#include <stdint.h>
+
+#include "bonkernels/common.h"
+#include "bonkernels/group_math.h"
+#include "bonkernels/lane_exec.h"
+
+namespace bk {
+
+// Ranks per lane: the register arrays of the lane executor at its default width.
+constexpr int kSegmentItems = 16;
+
+// Sort entries: finite keys (the caller NaN-fills a group with a NaN or inf first) with their
+// source index. Equal keys never exchange indices, so every exchange keeps key and index paired
+// and the network is a permutation of the entries.
+template <class K>
+BK_HD void sort_exchange(K& key_i, int& idx_i, K& key_j, int& idx_j) {
+  const K a = key_i, b = key_j;
+  const int ia = idx_i, ib = idx_j;
+  const bool swap = b < a;
+  key_i = swap ? b : a;
+  key_j = swap ? a : b;
+  idx_i = swap ? ib : ia;
+  idx_j = swap ? ia : ib;
+}
+
+// Ascending sort of the segment's P * ITEMS entries into the blocked layout (lane l, slot s holds
+// rank l * ITEMS + s). Pad with +inf keys past the group: they stay last.
+template <int P, int ITEMS, class Team, class K>
+BK_HD void segment_sort(Team& team, K* key, int* idx) {
+  static_assert((P & (P - 1)) == 0 && P <= 32 && (ITEMS & (ITEMS - 1)) == 0, "powers of two");
+  auto exchange = [&](int i, int j) { sort_exchange(key[i], idx[i], key[j], idx[j]); };
+  odd_even_passes<ITEMS, 1, 1>(exchange);
+  const int lane = team.lane;
+  BK_UNROLL
+  for (int span = 2; span <= P; span <<= 1) {  // lanes per merged run
+    // Mirror: rank r of the lower half against rank S-1-r of the upper half, the lower lane keeps
+    // the smaller. That is slot c of lane l against slot ITEMS-1-c of lane l ^ (span - 1); the lower
+    // lane sends and updates slot c, the upper one slot ITEMS-1-c, each once, so no slot is
+    // read after it changed.
+    const bool lower = (lane & (span >> 1)) == 0;
+    const int mirror = lane ^ (span - 1);
+    BK_UNROLL
+    for (int c = 0; c < ITEMS; ++c) {
+      const int u = ITEMS - 1 - c;
+      const K send_key = lower ? key[c] : key[u];
+      const int send_idx = lower ? idx[c] : idx[u];
+      const K other = team.take(send_key, mirror);
+      const int other_idx = team.take(send_idx, mirror);
+      const bool take_low = lower && other < key[c];
+      const bool take_high = !lower && key[u] < other;
+      key[c] = take_low ? other : key[c];
+      idx[c] = take_low ? other_idx : idx[c];
+      key[u] = take_high ? other : key[u];
+      idx[u] = take_high ? other_idx : idx[u];
+    }
+    // Half-cleaners across lanes (strides of span/4 .. 1 lanes): the same slot of both lanes.
+    BK_UNROLL
+    for (int d = span >> 2; d >= 1; d >>= 1) {
+      const bool keeps_low = (lane & d) == 0;
+      BK_UNROLL
+      for (int c = 0; c < ITEMS; ++c) {
+        const K other = team.take(key[c], lane ^ d);
+        const int other_idx = team.take(idx[c], lane ^ d);
+        const bool take = keeps_low ? other < key[c] : key[c] < other;
+        key[c] = take ? other : key[c];
+        idx[c] = take ? other_idx : idx[c];
+      }
+    }
+    // Half-cleaners inside the lane (strides ITEMS/2 .. 1).
+    BK_UNROLL
+    for (int stride = ITEMS / 2; stride >= 1; stride >>= 1) {
+      BK_UNROLL
+      for (int i = 0; i < ITEMS; ++i)
+        if ((i & stride) == 0) exchange(i, i + stride);
+    }
+  }
+}
+
+// The Sink receives emit(s, value) for the lane's valid slots and holds idx, the source index of
+// each slot (written by the sort).
+template <int P, int ITEMS, class Team, class Sink>
+struct SegmentExec {
+  struct Vec {
+    double v[ITEMS];
+    BK_HD double& operator[](int s) { return v[s]; }
+  };
+  int n;      // group size, 1 <= n <= P * ITEMS
+  int first;  // 0-based rank of this lane's slot 0
+  Team team;
+  Sink sink;
+
+  BK_HD void alloc(Vec&) {}
+  BK_HD bool valid(int s) const { return first + s < n; }  // slot s holds a sample
+
+  template <class F>
+  BK_HD void for_each(F f) {
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s)
+      if (valid(s)) f(s, first + s + 1);
+  }
+
+  // Exclusive scan in rank order (reverse: from the top rank down). Two passes over the lane's
+  // slots, term evaluated in each, so no per-slot partial values stay live in registers.
+  template <class T, class Op, class Term, class Consume>
+  BK_HD void scan(bool reverse, T id, Op op, Term term, Consume consume) {
+    T total = id;
+    if (!reverse) {
+      BK_UNROLL
+      for (int s = 0; s < ITEMS; ++s)
+        if (valid(s)) total = op(total, term(s, first + s + 1));
+    } else {
+      BK_UNROLL
+      for (int s = ITEMS - 1; s >= 0; --s)
+        if (valid(s)) total = op(total, term(s, first + s + 1));
+    }
+    T run = lanes_exclusive(reverse, total, id, op);
+    if (!reverse) {
+      BK_UNROLL
+      for (int s = 0; s < ITEMS; ++s)
+        if (valid(s)) {
+          const T t = term(s, first + s + 1);
+          consume(s, first + s + 1, run);
+          run = op(run, t);
+        }
+    } else {
+      BK_UNROLL
+      for (int s = ITEMS - 1; s >= 0; --s)
+        if (valid(s)) {
+          const T t = term(s, first + s + 1);
+          consume(s, first + s + 1, run);
+          run = op(run, t);
+        }
+    }
+  }
+
+  template <class T, class Op, class Term>
+  BK_HD T reduce(T id, Op op, Term term) {
+    T r = id;
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s)
+      if (valid(s)) r = op(r, term(s, first + s + 1));
+    BK_UNROLL
+    for (int d = P / 2; d >= 1; d >>= 1) r = op(r, team.take(r, team.lane ^ d));
+    return r;
+  }
+
+  template <class Pred>
+  BK_HD bool any(Pred pred) {
+    bool found = false;
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s) found = found | (valid(s) && pred(s, first + s + 1));
+    return team.any(found);
+  }
+
+  BK_HD void weights(int N, int K, Vec& at) { weights_by_scan<SegmentExec, false>(*this, N, K, at, at); }
+  BK_HD void weights2(int N, int K, Vec& at, Vec& prev) { weights_by_scan<SegmentExec, true>(*this, N, K, at, prev); }
+
+  template <class Body>
+  BK_HD bool tables(const Params& p, int code, int k, Body body) {
+    return with_tables(*this, p, code, k, body);
+  }
+
+  BK_HD void emit(int s, double v) { sink(s, v); }
+
+ private:
+  // op-fold of the totals of the lanes before this one (after it when reverse): an inclusive
+  // Hillis-Steele scan over the P lanes, then a shift by one lane.
+  template <class T, class Op>
+  BK_HD T lanes_exclusive(bool reverse, T v, T id, Op op) {
+    const int lane = team.lane;
+    BK_UNROLL
+    for (int d = 1; d < P; d <<= 1) {
+      const bool has = reverse ? lane + d < P : lane >= d;
+      const T o = team.take(v, has ? (reverse ? lane + d : lane - d) : lane);
+      if (has) v = reverse ? op(v, o) : op(o, v);
+    }
+    const bool has = reverse ? lane + 1 < P : lane >= 1;
+    const T shifted = team.take(v, has ? (reverse ? lane + 1 : lane - 1) : lane);
+    return select(has, shifted, id);
+  }
+};
+
+}  // namespace bk
