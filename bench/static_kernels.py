@@ -104,7 +104,7 @@ ALU_OPS = {"ISETP", "FSETP", "PSETP", "SEL", "FSEL", "LOP3", "LOP", "PLOP3", "IA
            "MOV", "ISCADD", "VIADD", "VIADDMNMX"}
 HBM_BPS = 4.3e12
 N_SAMPLES = 1 << 24
-NS = (8, 16, 32, 64, 1024, 4096)
+NS = (8, 16, 32, 64, 128, 512, 1024, 4096)
 # sm_90 occupancy limits
 REGS_PER_SM = 65536
 SMEM_PER_SM = 228 * 1024
@@ -156,6 +156,9 @@ CUDA_VARIANTS = (
     CudaVariant("thread_kernel<32>", "thread_kernelILi32EE", 128, 1, 17, 32),
     CudaVariant("segment_kernel<2>", "segment_kernelILi2EE", 128, 2, 17, 32),
     CudaVariant("segment_kernel<4>", "segment_kernelILi4EE", 128, 4, 33, 64),
+    CudaVariant("segment_kernel<8>", "segment_kernelILi8EE", 128, 8, 65, 128),
+    CudaVariant("segment_kernel<16>", "segment_kernelILi16EE", 128, 16, 129, 256),
+    CudaVariant("segment_kernel<32>", "segment_kernelILi32EE", 128, 32, 257, 512),
     CudaVariant("warp_kernel<8>", "warp_kernelILi8EE", 256, 8, 1, 8),
     CudaVariant("warp_kernel<16>", "warp_kernelILi16EE", 256, 16, 9, 16),
     CudaVariant("warp_kernel<32>", "warp_kernelILi32EE", 256, 32, 17, 32),

@@ -124,8 +124,9 @@ def test_variant_for_n_follows_the_launcher():
     # an older launcher: the sub-warp kernel at 32, a 32-thread block at 64
     assert sk.cuda_variant_for(32, {"thread_kernel<16>", "warp_kernel<32>"}).name == "warp_kernel<32>"
     assert sk.cuda_variant_for(64, {"block_kernel<32,2>", "block_kernel<128,2>"}).name == "block_kernel<32,2>"
-    assert sk.cuda_variant_for(128).name == "block_kernel<64,2>"
-    assert sk.cuda_variant_for(256).name == "block_kernel<128,2>"
+    assert sk.cuda_variant_for(128).name == "segment_kernel<8>"
+    assert sk.cuda_variant_for(256).name == "segment_kernel<16>"
+    assert sk.cuda_variant_for(512).name == "segment_kernel<32>"
     # a build of the launcher before the size buckets (no small-group kernel): its sub-warp kernels
     old = {"warp_kernel<8>", "warp_kernel<16>", "warp_kernel<32>", "block_kernel<128,2>"}
     assert sk.cuda_variant_for(8, old).name == "warp_kernel<8>"

@@ -12,10 +12,10 @@
 //                17..32 samples (segment_exec.h): 2 lanes per group, 16 ranks per lane in
 //                registers, each lane's slots sorted by the odd-even network and merged across
 //                lanes by shuffles, the lane executor's serial scans carried across lanes;
-//   * n <= 64:   the same with 4 lanes per group (segment_kernel<4>);
-//   * n <= 4096: the block executor, one block per group of more than 16 (64 threads up to 128
-//                samples, then 128-512 threads): cub::BlockRadixSort (over the key bits the dtype
-//                can set up to 2048 samples: 9 passes for float32 and narrower, 16 for double),
+//   * n <= 512:  the same with 4, 8, 16 or 32 lanes per group (segment_kernel<P>, 16 P samples);
+//   * n <= 4096: the block executor, one block per group of more than 16 (256 threads up to 2048
+//                samples, 512 above): cub::BlockRadixSort (over the key bits the dtype can set up
+//                to 2048 samples: 9 passes for float32 and narrower, 16 for double),
 //                then per-thread serial scans over ITEMS consecutive ranks combined across threads
 //                with shuffles and a tiny shared array of warp totals (one word per warp).
 // Weight tables: a linear estimator reads the call's table bank when it has one (built once per
@@ -672,6 +672,9 @@ __global__ void __launch_bounds__(128, 1) thread_kernel(int dtype, const void* _
 
 // ----------------------------------------------------------------------------- launcher
 
+// Blocks of 128 threads for P lanes per group.
+inline unsigned segment_blocks(int64_t num_groups, int lanes) { return unsigned((num_groups * lanes + 127) / 128); }
+
 template <class Kernel, class Extra>
 cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, int dtype,
                    const void* values, const int64_t* offsets, const void* deltas, void* out, int64_t num_groups,
@@ -720,12 +723,12 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
       case kThreadKernelMax: break;  // the small-group kernel took every group
       case kThreadKernelMaxWide:
         if (wide_thread_kernel) break;  // thread_kernel<32> took every group
-        rc = launch(segment_kernel<2>, unsigned((num_groups * 2 + 127) / 128), 128, BK_ARGS, lo);
+        rc = launch(segment_kernel<2>, segment_blocks(num_groups, 2), 128, BK_ARGS, lo);
         break;
-      case 64: rc = launch(segment_kernel<4>, unsigned((num_groups * 4 + 127) / 128), 128, BK_ARGS, lo); break;
-      case 128: rc = launch(block_kernel<64, 2>, groups, 64, BK_ARGS, lo); break;
-      case 256: rc = launch(block_kernel<128, 2>, groups, 128, BK_ARGS, lo); break;
-      case 512: rc = launch(block_kernel<128, 4>, groups, 128, BK_ARGS, lo); break;
+      case 64: rc = launch(segment_kernel<4>, segment_blocks(num_groups, 4), 128, BK_ARGS, lo); break;
+      case 128: rc = launch(segment_kernel<8>, segment_blocks(num_groups, 8), 128, BK_ARGS, lo); break;
+      case 256: rc = launch(segment_kernel<16>, segment_blocks(num_groups, 16), 128, BK_ARGS, lo); break;
+      case 512: rc = launch(segment_kernel<32>, segment_blocks(num_groups, 32), 128, BK_ARGS, lo); break;
       case 1024: rc = launch(block_kernel<256, 4>, groups, 256, BK_ARGS, lo); break;
       case 2048: rc = launch(block_kernel<256, 8>, groups, 256, BK_ARGS, lo); break;
       default: rc = launch(block_kernel<512, 8>, groups, 512, BK_ARGS, lo); break;  // 4096

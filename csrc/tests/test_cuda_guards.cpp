@@ -15,7 +15,7 @@
 //   * the checks can fail: the flow before the fix (NaN/inf not pre-checked, stores gated by
 //     sorted position only) is run through the same checks and must be caught writing outside the
 //     group or leaving samples unwritten.
-// The segment kernel (groups of 17..64) is checked in test_group_math.cpp, its lanes run by threads.
+// The segment kernel (groups of 17..512) is checked in test_group_math.cpp, its lanes run by threads.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
 // ScanTablesExec (tables from the generic product scan, what the CUDA executors run); the lane
 // executor as the CUDA kernel's wide lane (W = 32) is checked against the plain lane, and the
-// segment executor (the CUDA kernel of groups of 17..64) against SerialExec, its lanes played by
+// segment executor (the CUDA kernel of groups of 17..512) against SerialExec, its lanes played by
 // host threads.
 #include <algorithm>
 #include <chrono>
@@ -678,7 +678,10 @@ void check_segments() {
   const std::vector<int> quad_sizes = {1, 3, 16, 17, 31, 32, 33, 40, 47, 48, 49, 63, 64};
   check_segment_sizes<4, float>(rng, quad_sizes);
   check_segment_sizes<4, double>(rng, quad_sizes);
-  check_segment_sizes<8, float>(rng, {65, 100, 128});  // deeper merges than the kernel uses today
+  // The kernel's larger segments (65..512 samples); a thread per lane makes 32 lanes the slow part.
+  check_segment_sizes<8, float>(rng, {65, 100, 128});
+  check_segment_sizes<16, float>(rng, {129, 256});
+  check_segment_sizes<32, float>(rng, {300, 512});
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 //     arrays; the CPU kernel's small groups and, the same code, the CUDA kernel of groups <= 16;
 //   * SerialExec (serial_exec.h): one CPU thread walks a larger group; tables cached per (n, k);
 //   * SegmentExec (segment_exec.h): P lanes per group of up to 16 P samples, 16 ranks per lane,
-//     shuffles between them (the CUDA kernel of groups of 17..64);
-//   * the CUDA block executor (csrc/cuda): one block per group (65..4096), shuffles and shared memory.
+//     shuffles between them (the CUDA kernel of groups of 17..512);
+//   * the CUDA block executor (csrc/cuda): one block per group (513..4096), shuffles and shared memory.
 //
 // Executor interface (Ex):
 //   int n;                                       group size (> 0 when compute_group runs)

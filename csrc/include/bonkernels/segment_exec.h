@@ -3,8 +3,9 @@
 // l * ITEMS + 1 .. l * ITEMS + ITEMS). Each lane runs the serial code of the lane executor over its
 // own slots; what crosses lanes goes through a Team, whose only primitives are "the value lane
 // `src` passed to this same call" and "does any lane hold true": on the GPU the shuffles of one
-// warp (the CUDA kernel for groups of 17..64 samples), on the host a thread per lane meeting at a
-// barrier (csrc/tests/test_segment_exec.cpp), so the host tests run this file's device logic.
+// warp (the CUDA kernel for groups of 17..512 samples), on the host a thread per lane meeting at a
+// barrier (csrc/tests/test_group_math.cpp, check_segments), so the host tests run this file's device
+// logic.
 //
 //   sort:   each lane sorts its ITEMS with the lane executor's odd-even network, then lanes merge
 //           in pairs, fours, ...: a mirror compare between the two halves of the merged span
