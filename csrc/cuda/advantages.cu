@@ -289,8 +289,9 @@ __global__ void __launch_bounds__(128, 1) segment_kernel(int dtype, const void* 
   const int lane32 = threadIdx.x & 31;
   const int lane = lane32 % P;
   const unsigned mask = (P == 32) ? 0xffffffffu : (((1u << P) - 1u) << (lane32 - lane));
+  // Always the launch's second kernel (n_lo = 16): the small-group kernel NaN-fills the malformed
+  // and oversized groups, this one computes or skips (bucket_group).
   const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, n_lo, cap, cap);
-  if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, lane, P);
   if (span.action != GROUP_COMPUTE) return;  // uniform per segment
   // One variant for every size: a second one with the size a compile-time constant (as the
   // small-group kernel has) pushes the all-estimator build past 255 registers (spills).
