@@ -49,7 +49,8 @@ How SASS is counted (per thread: one warp-instruction is issued for each instruc
 The estimate (H200, N = 16M samples, groups of n):
   * warp-instructions per sample = per-thread count x threads per group / n / 32 (small-group
     kernel: 1 thread per group; segment kernel: P lanes per group; sub-warp kernel (older
-    revisions): W lanes per group; block kernel: BLOCK threads per group; Triton: num_warps x 32 threads per GROUPS groups);
+    revisions): W lanes per group; block kernel: BLOCK threads per group; Triton: num_warps x 32
+    threads per GROUPS groups);
   * issue time = warp-instructions / (132 SMs x 4 schedulers x 1 warp-instruction per clock x
     1.98 GHz); dual issue is ignored (Hopper issues one per scheduler per clock);
   * pipe bounds, taken when larger: FP64 (DADD/DMUL/DFMA/DSETP/DMNMX and F64 conversions) at 64
@@ -148,8 +149,7 @@ class CudaVariant:
 # Every kernel shape bk_cuda_advantages has launched, in the launcher's order of preference: the
 # small-group (one thread per group) and segment (P lanes per group) kernels of the size-bucketed
 # launcher, and the sub-warp and small-block kernels they replaced (kept to read older revisions,
-# --source-rev). A build is reported with
-# the variants its cubin holds.
+# --source-rev). A build is reported with the variants its cubin holds.
 CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8>", "thread_kernelILi8EE", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16>", "thread_kernelILi16EE", 128, 1, 9, 16),

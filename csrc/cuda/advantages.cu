@@ -347,71 +347,20 @@ struct BlockExec {
 
   __device__ __forceinline__ void alloc(Vec&) {}
 
-  // Padding slots (rank > n): terms and consumers are pure per slot and emit is guarded, so they
-  // may be evaluated and discarded instead of branched around. Measured with -Xptxas -v (sm_80,
-  // sm_90): 128-thread blocks spill with the branches and not without; the larger blocks the
-  // other way round. scripts/ci_native.sh fails on any spill, so a change that flips this shows.
-  static constexpr bool kBranchFree = BLOCK <= 128;
-
   template <class F>
   __device__ __forceinline__ void for_each(F f) {
     BK_UNROLL
     for (int s = 0; s < ITEMS; ++s)
-      if (kBranchFree || first + s < n) f(s, first + s + 1);
+      if (first + s < n) f(s, first + s + 1);
   }
 
   // Exclusive scan, in rank order (reverse: from the top rank down). Two passes over the thread's
-  // items (term is cheap and recomputed) so no per-item partial sums are kept in registers.
+  // items (lane_exec.h's fold_slots, then walk_slots from the carry; term is cheap and
+  // recomputed) so no per-item partial sums are kept in registers.
   template <class T, class Op, class Term, class Consume>
   __device__ __forceinline__ void scan(bool reverse, T id, Op op, Term term, Consume consume) {
-    T total = id;
-    if constexpr (kBranchFree) {
-      BK_UNROLL
-      for (int s = 0; s < ITEMS; ++s) {
-        const T t = term(s, first + s + 1);
-        total = op(total, select(first + s < n, t, id));
-      }
-    } else {
-      BK_UNROLL
-      for (int s = 0; s < ITEMS; ++s)
-        if (first + s < n) total = op(total, term(s, first + s + 1));
-    }
-    T run = thread_exclusive(reverse, total, id, op);
-    if constexpr (kBranchFree) {
-      if (!reverse) {
-        BK_UNROLL
-        for (int s = 0; s < ITEMS; ++s) {
-          const T t = term(s, first + s + 1);
-          consume(s, first + s + 1, run);
-          run = op(run, select(first + s < n, t, id));
-        }
-      } else {
-        BK_UNROLL
-        for (int s = ITEMS - 1; s >= 0; --s) {
-          const T t = term(s, first + s + 1);
-          consume(s, first + s + 1, run);
-          run = op(run, select(first + s < n, t, id));
-        }
-      }
-    } else {
-      if (!reverse) {
-        BK_UNROLL
-        for (int s = 0; s < ITEMS; ++s)
-          if (first + s < n) {
-            const T t = term(s, first + s + 1);
-            consume(s, first + s + 1, run);
-            run = op(run, t);
-          }
-      } else {
-        BK_UNROLL
-        for (int s = ITEMS - 1; s >= 0; --s)
-          if (first + s < n) {
-            const T t = term(s, first + s + 1);
-            consume(s, first + s + 1, run);
-            run = op(run, t);
-          }
-      }
-    }
+    const T total = fold_slots<ITEMS>(first, n, id, op, term);
+    walk_slots<ITEMS>(first, n, reverse, thread_exclusive(reverse, total, id, op), op, term, consume);
   }
 
   // Fold of the thread totals before this thread (after it when reverse).
@@ -431,18 +380,7 @@ struct BlockExec {
 
   template <class T, class Op, class Term>
   __device__ __forceinline__ T reduce(T id, Op op, Term term) {
-    T r = id;
-    if constexpr (kBranchFree) {
-      BK_UNROLL
-      for (int s = 0; s < ITEMS; ++s) {
-        const T t = term(s, first + s + 1);
-        r = op(r, select(first + s < n, t, id));
-      }
-    } else {
-      BK_UNROLL
-      for (int s = 0; s < ITEMS; ++s)
-        if (first + s < n) r = op(r, term(s, first + s + 1));
-    }
+    T r = fold_slots<ITEMS>(first, n, id, op, term);
     BK_UNROLL
     for (int off = 16; off >= 1; off >>= 1) r = op(r, shfl_xor(0xffffffffu, r, off, 32));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

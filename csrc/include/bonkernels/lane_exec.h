@@ -24,6 +24,43 @@ namespace bk {
 // wide_lane_takes calls; kThreadKernelMax and kThreadKernelMaxWide in csrc/cuda/advantages.cu).
 constexpr int kLaneWidthMax = 32;
 
+// The serial halves of an exclusive scan over a thread's slots 0..ITEMS-1, which hold the ranks
+// first + 1 .. first + ITEMS of a group of n (slot s valid when first + s < n). Every executor
+// whose thread walks consecutive ranks runs them: LaneExec (first = 0, the run starting at the
+// identity), SegmentExec and the CUDA block executor (the run starting at the carry from the other
+// threads). fold_slots: op-fold of term over the valid slots, in slot order.
+template <int ITEMS, class T, class Op, class Term>
+BK_HD T fold_slots(int first, int n, T id, Op op, Term term) {
+  T r = id;
+  BK_UNROLL
+  for (int s = 0; s < ITEMS; ++s)
+    if (first + s < n) r = op(r, term(s, first + s + 1));
+  return r;
+}
+
+// walk_slots: consume(s, j, run) at each valid slot in rank order (reverse: from the top rank
+// down), run starting at `run` and folding term(s, j) after each consume.
+template <int ITEMS, class T, class Op, class Term, class Consume>
+BK_HD void walk_slots(int first, int n, bool reverse, T run, Op op, Term term, Consume consume) {
+  if (!reverse) {
+    BK_UNROLL
+    for (int s = 0; s < ITEMS; ++s)
+      if (first + s < n) {
+        const T t = term(s, first + s + 1);
+        consume(s, first + s + 1, run);
+        run = op(run, t);
+      }
+  } else {
+    BK_UNROLL
+    for (int s = ITEMS - 1; s >= 0; --s)
+      if (first + s < n) {
+        const T t = term(s, first + s + 1);
+        consume(s, first + s + 1, run);
+        run = op(run, t);
+      }
+  }
+}
+
 // Where LaneExec puts a final value: slot s of the sorted group (the caller scatters them).
 template <int W>
 struct SlotValues {
@@ -71,24 +108,7 @@ struct LaneExec : LaneSize<W, kFull> {
 
   template <class T, class Op, class Term, class Consume>
   BK_HD void scan(bool reverse, T id, Op op, Term term, Consume consume) {
-    T run = id;
-    if (!reverse) {
-      BK_UNROLL
-      for (int s = 0; s < W; ++s)
-        if (s < n) {
-          const T t = term(s, s + 1);
-          consume(s, s + 1, run);
-          run = op(run, t);
-        }
-    } else {
-      BK_UNROLL
-      for (int s = W - 1; s >= 0; --s)
-        if (s < n) {
-          const T t = term(s, s + 1);
-          consume(s, s + 1, run);
-          run = op(run, t);
-        }
-    }
+    walk_slots<W>(0, n, reverse, id, op, term, consume);
   }
 
   // A tree over the slots (padding slots hold the identity): depth log2(W) instead of a chain of

@@ -127,45 +127,17 @@ struct SegmentExec {
   }
 
   // Exclusive scan in rank order (reverse: from the top rank down). Two passes over the lane's
-  // slots, term evaluated in each, so no per-slot partial values stay live in registers.
+  // slots (lane_exec.h's fold_slots, then walk_slots from the carry), term evaluated in each, so no
+  // per-slot partial values stay live in registers.
   template <class T, class Op, class Term, class Consume>
   BK_HD void scan(bool reverse, T id, Op op, Term term, Consume consume) {
-    T total = id;
-    if (!reverse) {
-      BK_UNROLL
-      for (int s = 0; s < ITEMS; ++s)
-        if (valid(s)) total = op(total, term(s, first + s + 1));
-    } else {
-      BK_UNROLL
-      for (int s = ITEMS - 1; s >= 0; --s)
-        if (valid(s)) total = op(total, term(s, first + s + 1));
-    }
-    T run = lanes_exclusive(reverse, total, id, op);
-    if (!reverse) {
-      BK_UNROLL
-      for (int s = 0; s < ITEMS; ++s)
-        if (valid(s)) {
-          const T t = term(s, first + s + 1);
-          consume(s, first + s + 1, run);
-          run = op(run, t);
-        }
-    } else {
-      BK_UNROLL
-      for (int s = ITEMS - 1; s >= 0; --s)
-        if (valid(s)) {
-          const T t = term(s, first + s + 1);
-          consume(s, first + s + 1, run);
-          run = op(run, t);
-        }
-    }
+    const T total = fold_slots<ITEMS>(first, n, id, op, term);
+    walk_slots<ITEMS>(first, n, reverse, lanes_exclusive(reverse, total, id, op), op, term, consume);
   }
 
   template <class T, class Op, class Term>
   BK_HD T reduce(T id, Op op, Term term) {
-    T r = id;
-    BK_UNROLL
-    for (int s = 0; s < ITEMS; ++s)
-      if (valid(s)) r = op(r, term(s, first + s + 1));
+    T r = fold_slots<ITEMS>(first, n, id, op, term);
     BK_UNROLL
     for (int d = P / 2; d >= 1; d >>= 1) r = op(r, team.take(r, team.lane ^ d));
     return r;
