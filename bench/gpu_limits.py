@@ -7,7 +7,7 @@ Every call is ``bk.advantages(rewards, 4, estimator, check_inputs=False, max_gro
 backend=B)`` on float32 [G, n] rewards ~ U(0, 1) (maxk_offpolicy: with deltas and clamp_delta), for
 B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo. Measured:
 
-* bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 1024, 4096): the time of one call
+* bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 128, 512, 1024, 4096): the time of one call
   (CUDA events, L2 flushed before each repetition; bench/timing.py), the bytes it must move
   (4 B read + 4 B written per sample, + 4 B of deltas off-policy), and that rate as a fraction of
   ``out.copy_(rewards)`` timed the same way in the same run;
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from bench import environment, timing  # noqa: E402
 
-NS = (8, 16, 32, 64, 1024, 4096)
+NS = (8, 16, 32, 64, 128, 512, 1024, 4096)
 ESTIMATORS = ("maxk_loo1", "maxk_offpolicy", "grpo")
 K = 4
 CLAMP_DELTA = 0.2
