@@ -13,7 +13,8 @@ B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo. Meas
   ``out.copy_(rewards)`` timed the same way in the same run;
 * small batch, G = 1024, n = 16: the kernels' own time per call (torch.profiler: the sum of the
   call's CUDA kernel durations), the wall time per call (1,000 calls back to back, one sync at the
-  end) and the replay time per call of a CUDA graph holding 100 calls.
+  end) and the replay time per call of a CUDA graph holding 100 calls; the same for one torch op
+  of one kernel (``out.copy_``), the floor of any call from Python.
 
 The issue's targets, checked in the report: at N = 16M, n = 16 at least 70 % of the copy
 bandwidth for cuda and 50 % for triton; at G = 1024, n = 16 a kernel time under 5 us and a wall time
@@ -120,34 +121,39 @@ def kernel_seconds(call, reps: int = 20) -> float:
 
 def small_batch_rows(backends, clock: Clock, device: str, G: int, n: int, calls: int, log) -> list[dict]:
     rows = []
+    # The floor of a call from Python: one torch op of one kernel on the same bytes (out.copy_).
+    src = torch.rand(G, n, device=device)
+    dst = torch.empty_like(src)
+    cells = [("torch", "copy_ (one launch)", lambda: dst.copy_(src))]
     for backend in backends:
         for est in ESTIMATORS:
-            call, _ = make_call(backend, est, G, n, device)
-            try:
-                call()
-            except (RuntimeError, ValueError) as error:
-                log(f"[gpu_limits] {backend} {est} small batch: {error}")
-                continue
-            clock.sync()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call()
-            clock.sync()
-            wall = (time.perf_counter() - t0) / calls
-            row = {"backend": backend, "estimator": est, "G": G, "n": n, "wall_us": wall * 1e6,
-                   "kernel_us": None, "graph_replay_us": None}
-            if clock.cuda:
-                row["kernel_us"] = kernel_seconds(call) * 1e6
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for _ in range(100):
-                        call()
-                graph.replay()
-                torch.cuda.synchronize()
-                row["graph_replay_us"] = statistics.median(_replay_seconds(graph) for _ in range(5)) / 100 * 1e6
-            rows.append(row)
-            log(f"[gpu_limits] {backend} {est} G={G} n={n}: wall {row['wall_us']:.1f} us/call, kernels "
-                f"{row['kernel_us']} us, graph replay {row['graph_replay_us']} us/call")
+            cells.append((backend, est, make_call(backend, est, G, n, device)[0]))
+    for backend, est, call in cells:
+        try:
+            call()
+        except (RuntimeError, ValueError) as error:
+            log(f"[gpu_limits] {backend} {est} small batch: {error}")
+            continue
+        clock.sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        clock.sync()
+        wall = (time.perf_counter() - t0) / calls
+        row = {"backend": backend, "estimator": est, "G": G, "n": n, "wall_us": wall * 1e6,
+               "kernel_us": None, "graph_replay_us": None}
+        if clock.cuda:
+            row["kernel_us"] = kernel_seconds(call) * 1e6
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(100):
+                    call()
+            graph.replay()
+            torch.cuda.synchronize()
+            row["graph_replay_us"] = statistics.median(_replay_seconds(graph) for _ in range(5)) / 100 * 1e6
+        rows.append(row)
+        log(f"[gpu_limits] {backend} {est} G={G} n={n}: wall {row['wall_us']:.1f} us/call, kernels "
+            f"{row['kernel_us']} us, graph replay {row['graph_replay_us']} us/call")
     return rows
 
 
@@ -168,7 +174,7 @@ def verdicts(bandwidth: list[dict], small: list[dict]) -> list[str]:
             lines.append(f"{r['backend']} {r['estimator']} N = {r['G'] * r['n']:,} n = 16: {r['fraction_of_copy']:.0%} "
                          f"of copy (target {want:.0%}): {'met' if r['fraction_of_copy'] >= want else 'NOT met'}")
     for r in small:
-        if r["kernel_us"] is not None:
+        if r["kernel_us"] is not None and r["backend"] in TARGET_FRACTION:
             ok = r["kernel_us"] < TARGET_KERNEL_US and r["wall_us"] < TARGET_WALL_US
             lines.append(f"{r['backend']} {r['estimator']} G = {r['G']} n = {r['n']}: kernels {r['kernel_us']:.1f} us "
                          f"(< {TARGET_KERNEL_US:g}), wall {r['wall_us']:.1f} us (< {TARGET_WALL_US:g}): "

@@ -171,8 +171,30 @@ def make_layout(rewards: torch.Tensor, *, offsets=None, lengths=None, group_ids=
         raise ValueError("rewards must be 2-D [G, n] unless offsets, lengths or group_ids say how it is "
                          f"grouped; got shape {tuple(rewards.shape)}")
     G, n = rewards.shape
-    offsets = torch.arange(G + 1, dtype=torch.int64, device=device) * n
-    return GroupLayout("full", rewards.shape, offsets)
+    return GroupLayout("full", rewards.shape, full_offsets(G, n, device))
+
+
+_FULL_OFFSETS: dict = {}
+_FULL_OFFSETS_KEEP = 32
+
+
+def full_offsets(G: int, n: int, device: torch.device) -> torch.Tensor:
+    """Offsets 0, n, ..., G n of a ``[G, n]`` batch, kept per (G, n, device) for the next call of
+    that shape (a training loop repeats it): on a GPU that saves two launches and an allocation per
+    call. Nothing writes offsets. Built afresh, and not kept, while torch.compile traces or a CUDA
+    graph captures (a kept tensor would belong to the graph's memory pool)."""
+    key = (G, n, device)
+    hit = _FULL_OFFSETS.get(key)
+    if hit is not None:
+        return hit
+    offsets = (torch.arange(0, G * n + 1, n, dtype=torch.int64, device=device) if n
+               else torch.zeros(G + 1, dtype=torch.int64, device=device))
+    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return offsets
+    if len(_FULL_OFFSETS) >= _FULL_OFFSETS_KEEP:
+        _FULL_OFFSETS.pop(next(iter(_FULL_OFFSETS)))  # the oldest shape
+    _FULL_OFFSETS[key] = offsets
+    return offsets
 
 
 def _check_offsets(offsets: torch.Tensor, N: int) -> None:

@@ -115,8 +115,7 @@ __device__ __forceinline__ double round_to_dtype(int dtype, double v) {
 }
 
 // The clamped delta of one sample, clamped in the input dtype as the reference does (NaN when not finite).
-__device__ __forceinline__ double load_delta(int dtype, const void* deltas, int64_t i, const Params& p) {
-  double dl = load_value(dtype, deltas, i);
+__device__ __forceinline__ double clamp_delta(int dtype, double dl, const Params& p) {
   // A non-finite delta poisons its group (the NaN contract); the clamp must not hide it.
   if (!isfinite(dl)) return BK_NAN;
   if (p.has_clamp) {
@@ -124,6 +123,9 @@ __device__ __forceinline__ double load_delta(int dtype, const void* deltas, int6
     dl = round_to_dtype(dtype, dl);
   }
   return dl;
+}
+__device__ __forceinline__ double load_delta(int dtype, const void* deltas, int64_t i, const Params& p) {
+  return clamp_delta(dtype, load_value(dtype, deltas, i), p);
 }
 
 // ----------------------------------------------------------------------------- shuffles of scan values
@@ -495,10 +497,48 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 constexpr int kThreadKernelMax = 16;
 constexpr int kThreadKernelMaxWide = 32;
 
-// Where the lane executor's final values go on the device: straight to the output, by source index,
+// Where a thread's group lives. GlobalGroup: in the tensors (float64; index i of the group is
+// element lo + i). TileGroup: float32, float16 and bfloat16 samples as floats in the block's
+// shared-memory tile (tile_slot, guards.h), which the block fills from the tensors with coalesced
+// loads and writes back the same way: one thread per group reading its own samples straight from
+// global memory touches a new cache line per sample in every warp-wide load, about 16 times the
+// L1 work of a coalesced load.
+struct GlobalGroup {
+  static constexpr bool kMayBeF64 = true;
+  int dtype;
+  const void* values;
+  const void* deltas;
+  void* out;
+  int64_t lo;
+  __device__ __forceinline__ int type() const { return dtype; }
+  __device__ __forceinline__ double value(int i) const { return load_value(dtype, values, lo + i); }
+  __device__ __forceinline__ double f64(int i) const { return static_cast<const double*>(values)[lo + i]; }
+  __device__ __forceinline__ double delta(int i, const Params& p) const { return load_delta(dtype, deltas, lo + i, p); }
+  __device__ __forceinline__ void store(int i, double v) const { store_value(dtype, out, lo + i, v); }
+  __device__ __forceinline__ void store_float(int i, float f) const { store_rounded(dtype, out, lo + i, f); }
+};
+
+struct TileGroup {
+  static constexpr bool kMayBeF64 = false;
+  float* tile;          // rewards in, advantages out (rounded to the dtype, clipped): each thread
+                        // reads and writes only its own samples
+  const float* deltas;  // the deltas' tile (off-policy calls)
+  int base;             // the group's first tile position (before tile_slot)
+  int dtype;            // of the tensors: the delta clamp rounds to it
+  __device__ __forceinline__ int type() const { return dtype; }
+  __device__ __forceinline__ double value(int i) const { return double(tile[tile_slot(base + i)]); }
+  __device__ __forceinline__ double f64(int) const { return 0.0; }  // never called: no float64 tile
+  __device__ __forceinline__ double delta(int i, const Params& p) const {
+    return clamp_delta(dtype, double(deltas[tile_slot(base + i)]), p);
+  }
+  __device__ __forceinline__ void store(int i, double v) const { tile[tile_slot(base + i)] = float(v); }
+  __device__ __forceinline__ void store_float(int i, float f) const { tile[tile_slot(base + i)] = f; }
+};
+
+// Where the lane executor's final values go on the device: to the group's output, by source index,
 // clipped on the way (kClipsOnStore: in single precision after the rounding for the narrow types,
 // clip_rounded in guards.h; in double for float64).
-template <int W, bool kFull>
+template <int W, bool kFull, class Group>
 struct OutputSink {
   static constexpr bool kClipsOnStore = true;
   // Above 16 samples the registers hold the group, its indices and the bank's entries, not the
@@ -506,16 +546,15 @@ struct OutputSink {
   static constexpr bool kWideLane = W > kThreadKernelMax;
   int idx[W];  // source index (within the group) of sorted slot s
   int n;
-  void* out;   // the group's first output (element span.lo)
-  int dtype;
+  Group group;
   float lo, hi;  // the clip bounds rounded to float (narrow types)
   const Params* p;
   __device__ __forceinline__ void operator()(int s, double v) {
     // Never taken: the sort is a permutation of the slots with the samples first (host-tested); a
     // full group has no padding, so every index is below W = n.
     if (!kFull && idx[s] >= n) return;
-    if (dtype == BK_FLOAT64) store_value(dtype, out, idx[s], clip_value(*p, v));
-    else store_rounded(dtype, out, idx[s], clip_rounded(float(v), lo, hi));
+    if (Group::kMayBeF64 && group.type() == BK_FLOAT64) group.store(idx[s], clip_value(*p, v));
+    else group.store_float(idx[s], clip_rounded(float(v), lo, hi));
   }
 };
 
@@ -523,12 +562,11 @@ struct OutputSink {
 // n sorts last. A NaN or inf sorts too (the order is total on the bits), and compute_group then
 // NaN-fills the group by slot, as it does for the narrow types.
 template <int W, class Ex>
-__device__ __forceinline__ void load_sorted_f64(const void* __restrict__ values, const GroupSpan& span, bool sort,
-                                                Ex& ex, typename Ex::Vec& x) {
+__device__ __forceinline__ void load_sorted_f64(bool sort, Ex& ex, typename Ex::Vec& x) {
   uint64_t key[W];
   BK_UNROLL
   for (int i = 0; i < W; ++i) {
-    key[i] = i < ex.n ? orderable_f64(static_cast<const double*>(values)[span.lo + i]) : ~uint64_t(0);
+    key[i] = i < ex.n ? orderable_f64(ex.sink.group.f64(i)) : ~uint64_t(0);
     ex.sink.idx[i] = i;
   }
   if (sort) lane_sort_pairs<W>(key, ex.sink.idx);
@@ -540,28 +578,25 @@ __device__ __forceinline__ void load_sorted_f64(const void* __restrict__ values,
 // are the keys; padding past n is +inf). False, with nothing sorted, when a reward is NaN or inf:
 // the caller NaN-fills the group by source index (the NaN contract; the sort needs finite keys).
 template <int W, class Ex>
-__device__ __forceinline__ bool load_sorted_narrow(int dtype, const void* __restrict__ values, const GroupSpan& span,
-                                                   bool sort, Ex& ex, typename Ex::Vec& x) {
+__device__ __forceinline__ bool load_sorted_narrow(bool sort, Ex& ex, typename Ex::Vec& x) {
   float key[W];
   BK_UNROLL
-  for (int i = 0; i < W; ++i) key[i] = i < ex.n ? float(load_value(dtype, values, span.lo + i)) : 0.0f;
+  for (int i = 0; i < W; ++i) key[i] = i < ex.n ? float(ex.sink.group.value(i)) : 0.0f;
   if (!sort_finite_floats<W>(key, ex.sink.idx, ex.n, sort)) return false;
   BK_UNROLL
   for (int s = 0; s < W; ++s) x[s] = double(key[s]);
   return true;
 }
 
-// One group of n <= W samples at span.lo (kFull: n == W, the size a compile-time constant).
-template <int W, bool kFull>
-__device__ __forceinline__ void thread_group(int dtype, const void* __restrict__ values, const void* __restrict__ deltas,
-                                             void* __restrict__ out, const Params& p, const GroupSpan& span, int n) {
-  const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
-  using Ex = LaneExec<W, OutputSink<W, kFull>, kFull>;
+// One group of n <= W samples (kFull: n == W, the size a compile-time constant); off_policy: the
+// call has deltas.
+template <int W, bool kFull, class Group>
+__device__ __forceinline__ void thread_group(const Group& group, bool off_policy, const Params& p, int n) {
+  using Ex = LaneExec<W, OutputSink<W, kFull, Group>, kFull>;
   Ex ex;
   ex.set_size(n);
   ex.sink.n = n;
-  ex.sink.out = static_cast<char*>(out) + span.lo * element_size(dtype);
-  ex.sink.dtype = dtype;
+  ex.sink.group = group;
   ex.sink.lo = float(p.clip_lo);
   ex.sink.hi = float(p.clip_hi);
   ex.sink.p = &p;
@@ -572,41 +607,80 @@ __device__ __forceinline__ void thread_group(int dtype, const void* __restrict__
   const bool sort = !order_free(p.code);
   bool loaded = true;
   if constexpr (W <= kThreadKernelMax) {
-    if (dtype == BK_FLOAT64) load_sorted_f64<W>(values, span, sort, ex, x);
-    else loaded = load_sorted_narrow<W>(dtype, values, span, sort, ex, x);
+    if (Group::kMayBeF64 && group.type() == BK_FLOAT64) load_sorted_f64<W>(sort, ex, x);
+    else loaded = load_sorted_narrow<W>(sort, ex, x);
   } else {
-    loaded = load_sorted_narrow<W>(dtype, values, span, sort, ex, x);  // the launcher never sends float64 here
+    loaded = load_sorted_narrow<W>(sort, ex, x);  // the launcher never sends float64 here
   }
   if (!loaded) {
-    nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+    for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
     return;
   }
   BK_UNROLL
   for (int s = 0; s < W; ++s)  // a wide lane takes no off-policy call (wide_lane_takes)
-    delta[s] = (!Ex::kWideLane && off_policy && s < ex.n) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
+    delta[s] = (!Ex::kWideLane && off_policy && s < ex.n) ? group.delta(ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
 }
 
 // One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
 // of the CPU kernel's small-group path, with the group in registers. No shuffles, no shared memory.
 // Groups of size in (W, bound] are left to the launch's second kernel (size buckets, guards.h).
+template <int W, class Group>
+__device__ __forceinline__ void thread_group_sized(const Group& group, bool off_policy, const Params& p, int n) {
+  if (kStaticFullGroups || n == W) thread_group<W, true>(group, off_policy, p, n);
+  else thread_group<W, false>(group, off_policy, p, n);
+}
+
+constexpr int kThreadBlock = 128;
+
 template <int W>
-__global__ void __launch_bounds__(128, 1) thread_kernel(int dtype, const void* __restrict__ values,
-                                                     const int64_t* __restrict__ offsets,
-                                                     const void* __restrict__ deltas, void* __restrict__ out,
-                                                     int64_t num_groups, int64_t total, Params p, int64_t bound) {
+__global__ void __launch_bounds__(kThreadBlock, 1) thread_kernel(int dtype, const void* __restrict__ values,
+                                                              const int64_t* __restrict__ offsets,
+                                                              const void* __restrict__ deltas, void* __restrict__ out,
+                                                              int64_t num_groups, int64_t total, Params p,
+                                                              int64_t bound) {
   BK_STATIC_SPECIALISE(dtype, p);
-  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g >= num_groups) return;
-  const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, 0, W, bound);
-  if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
-  if (span.action != GROUP_COMPUTE) return;
-  const int n = int(span.hi - span.lo);
   // The wide kernel takes float32 only (the launcher): a constant dtype drops the other types'
   // loads and stores from its code (registers).
   if constexpr (W > kThreadKernelMax) dtype = BK_FLOAT32;
-  if (kStaticFullGroups || n == W) thread_group<W, true>(dtype, values, deltas, out, p, span, n);
-  else thread_group<W, false>(dtype, values, deltas, out, p, span, n);
+  const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
+  const int64_t g0 = int64_t(blockIdx.x) * kThreadBlock;
+  const int64_t g = g0 + threadIdx.x;
+  const bool live = g < num_groups;
+  const int64_t begin = live ? offsets[g] : 0, end = live ? offsets[g + 1] : 0;
+  const GroupSpan span = live ? bucket_group(begin, end, total, 0, W, bound) : GroupSpan{0, 0, GROUP_SKIP};
+
+  // float32, float16 and bfloat16 go through the tile: a block whose groups are all well formed and
+  // of at most W samples (tile_fits: guards.h) copies its span in and out with coalesced accesses;
+  // any other block (malformed offsets, a large group of the launch's second kernel) copies each
+  // computed group to and from its thread's own W slots. float64 works on the tensors directly.
+  constexpr int kTile = kThreadBlock * W;
+  __shared__ float tile[tile_slot(kTile - 1) + 1];
+  __shared__ float delta_tile[W > kThreadKernelMax ? 1 : tile_slot(kTile - 1) + 1];
+  const bool stage_deltas = W <= kThreadKernelMax && off_policy;  // a wide lane takes no off-policy call
+  const bool whole_block = __syncthreads_and(!live || tile_fits(begin, end, total, W));  // uniform
+  if (dtype != BK_FLOAT64) {
+    const int64_t lo = whole_block ? offsets[g0] : span.lo;  // the copied span's first element
+    const int len = int(whole_block ? offsets[num_groups - g0 < kThreadBlock ? num_groups : g0 + kThreadBlock] - lo
+                                    : (span.action == GROUP_COMPUTE ? span.hi - span.lo : 0));
+    const int first = whole_block ? threadIdx.x : 0, step = whole_block ? kThreadBlock : 1;
+    const int at = whole_block ? 0 : threadIdx.x * W;  // the copy's first tile position
+    if (!whole_block && span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+    for (int i = first; i < len; i += step) {
+      tile[tile_slot(at + i)] = float(load_value(dtype, values, lo + i));
+      if (stage_deltas) delta_tile[tile_slot(at + i)] = float(load_value(dtype, deltas, lo + i));
+    }
+    if (whole_block) __syncthreads();
+    if (span.action == GROUP_COMPUTE)
+      thread_group_sized<W>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy, p,
+                            int(span.hi - span.lo));
+    if (whole_block) __syncthreads();
+    for (int i = first; i < len; i += step) store_rounded(dtype, out, lo + i, tile[tile_slot(at + i)]);
+    return;
+  }
+  if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+  if (span.action != GROUP_COMPUTE) return;
+  thread_group_sized<W>(GlobalGroup{dtype, values, deltas, out, span.lo}, off_policy, p, int(span.hi - span.lo));
 }
 
 // ----------------------------------------------------------------------------- launcher
@@ -645,16 +719,16 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   // shape holds a power of two of samples (W, or BLOCK x ITEMS), so the bound's power of two picks it.
   int cap = 8;
   while (cap < n) cap *= 2;
-  const unsigned thread_blocks = unsigned((num_groups + 127) / 128);
+  const unsigned thread_blocks = unsigned((num_groups + kThreadBlock - 1) / kThreadBlock);
   // thread_kernel<32>: float32 rewards and the calls a wide lane computes (group_math.h).
   const bool wide_thread_kernel = dtype == BK_FLOAT32 && bk::wide_lane_takes(params.code, params.bank != nullptr);
   const unsigned groups = unsigned(num_groups);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
-  if (cap == 8) rc = launch(thread_kernel<8>, thread_blocks, 128, BK_ARGS, int64_t(cap));
+  if (cap == 8) rc = launch(thread_kernel<8>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
   else if (cap == kThreadKernelMaxWide && wide_thread_kernel)
-    rc = launch(thread_kernel<kThreadKernelMaxWide>, thread_blocks, 128, BK_ARGS, int64_t(cap));
-  else rc = launch(thread_kernel<kThreadKernelMax>, thread_blocks, 128, BK_ARGS, int64_t(cap));
+    rc = launch(thread_kernel<kThreadKernelMaxWide>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  else rc = launch(thread_kernel<kThreadKernelMax>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
   const int lo = kThreadKernelMax;
   if (rc == cudaSuccess) {
     switch (cap) {

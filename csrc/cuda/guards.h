@@ -56,6 +56,20 @@ BK_HD GroupSpan bucket_group(int64_t begin, int64_t end, int64_t total, int64_t 
   return span;
 }
 
+// The small-group kernel's shared-memory tile (advantages.cu): a block of one thread per group
+// copies its groups' samples, consecutive in memory, into the tile with coalesced loads, each thread
+// reads and writes its own group there, and the block copies the results out the same way. Sample
+// p of the block's span sits at tile_slot(p): one spare word after every 32, so the threads of a
+// warp reading sample j of groups of 8, 16 or 32 samples each hit a different bank.
+BK_HD constexpr int tile_slot(int p) { return p + (p >> 5); }
+
+// A block takes the tile when every group of it is well formed and of at most W samples (the
+// block's span is then at most blockDim * W samples); otherwise, for malformed offsets or a large
+// group of the launch's second kernel, the block works on the tensors directly.
+BK_HD bool tile_fits(int64_t begin, int64_t end, int64_t total, int W) {
+  return begin >= 0 && begin <= end && end <= total && end - begin <= W;
+}
+
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }
 

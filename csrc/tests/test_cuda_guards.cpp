@@ -377,6 +377,51 @@ void test_clip_after_rounding() {
   }
 }
 
+// The small-group kernel's tile (advantages.cu, thread_kernel): a block of 128 threads takes it
+// when every live group passes tile_fits; then its groups must tile [0, len) exactly (each
+// position read, computed and written back by one thread, and by the kernel that computes it),
+// with len <= 128 W, and the slots of a warp reading sample j of full groups fall in 32 banks.
+void test_tile() {
+  const int kBlock = 128;
+  std::mt19937_64 rng(11);
+  for (int W : {8, 16, 32}) {
+    const int tile_words = bk::cuda::tile_slot(kBlock * W - 1) + 1;
+    for (int j = 0; j < W; ++j)
+      for (int warp = 0; warp < kBlock / 32; ++warp) {
+        unsigned banks = 0;
+        for (int t = 32 * warp; t < 32 * warp + 32; ++t) banks |= 1u << (bk::cuda::tile_slot(t * W + j) % 32);
+        expect(banks == 0xffffffffu, "full groups: a warp's reads of sample j hit 32 banks", W, j);
+      }
+    for (int p = 1; p < kBlock * W; ++p)
+      expect(bk::cuda::tile_slot(p) > bk::cuda::tile_slot(p - 1) && bk::cuda::tile_slot(p) < tile_words,
+             "tile slots increase inside the tile", W, p);
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int G = 1 + int(rng() % 300);
+      std::vector<int64_t> off(static_cast<size_t>(G + 1));
+      const int top = trial % 4 == 0 ? 3 * W : W + 1;  // some groups above W
+      for (int g = 1; g <= G; ++g) off[size_t(g)] = off[size_t(g - 1)] + int64_t(rng() % uint64_t(top));
+      if (trial % 5 == 1) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 200) - 20;  // malformed
+      const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + int64_t(trial % 3 == 2 ? 5 : 0);
+      for (int64_t g0 = 0; g0 < G; g0 += kBlock) {
+        const int64_t last = std::min<int64_t>(G, g0 + kBlock);
+        bool fits = true;
+        for (int64_t g = g0; g < last; ++g) fits = fits && bk::cuda::tile_fits(off[g], off[g + 1], total, W);
+        if (!fits) continue;
+        const int64_t lo = off[size_t(g0)], len = off[size_t(last)] - lo;
+        expect(lo >= 0 && len >= 0 && len <= int64_t(kBlock) * W && lo + len <= total, "tile span inside", W, len);
+        std::vector<int> owner(static_cast<size_t>(std::max<int64_t>(len, 0)), 0);
+        for (int64_t g = g0; g < last; ++g) {
+          const GroupSpan s = bk::cuda::bucket_group(off[g], off[g + 1], total, 0, W, W);
+          expect(s.action != bk::cuda::GROUP_NAN_FILL, "a fitting group is computed or empty", W, g);
+          for (int64_t i = s.lo; i < s.hi; ++i)
+            if (i - lo >= 0 && i - lo < len) ++owner[size_t(i - lo)];
+        }
+        for (int64_t i = 0; i < len; ++i) expect(owner[size_t(i)] == 1, "each tile position has one owner", W, i);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -386,6 +431,7 @@ int main() {
   test_lane_sorts();
   test_bucket_group();
   test_clip_after_rounding();
+  test_tile();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }
