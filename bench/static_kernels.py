@@ -139,7 +139,7 @@ def radix_passes(build: str, source: str, block_threads: int = 0) -> int:
 @dataclass(frozen=True)
 class CudaVariant:
     name: str
-    pattern: str  # in the mangled name
+    pattern: str  # a regular expression found in the mangled name
     block_threads: int  # threads per block
     group_threads: int  # threads per group
     n_lo: int  # the launcher picks it for n_lo <= max_group_size <= n_hi
@@ -149,11 +149,15 @@ class CudaVariant:
 # Every kernel shape bk_cuda_advantages has launched, in the launcher's order of preference: the
 # small-group (one thread per group) and segment (P lanes per group) kernels of the size-bucketed
 # launcher, and the sub-warp and small-block kernels they replaced (kept to read older revisions,
-# --source-rev). A build is reported with the variants its cubin holds.
+# --source-rev). A build is reported with the variants its cubin holds. The small-group kernel has
+# an instantiation for the off-policy estimators ("off", template argument true) and one for the
+# others (false; older revisions had one for all, matched by the same name).
 CUDA_VARIANTS = (
-    CudaVariant("thread_kernel<8>", "thread_kernelILi8EE", 128, 1, 1, 8),
-    CudaVariant("thread_kernel<16>", "thread_kernelILi16EE", 128, 1, 9, 16),
-    CudaVariant("thread_kernel<32>", "thread_kernelILi32EE", 128, 1, 17, 32),
+    CudaVariant("thread_kernel<8,off>", "thread_kernelILi8ELb1EE", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16,off>", "thread_kernelILi16ELb1EE", 128, 1, 9, 16),
+    CudaVariant("thread_kernel<8>", "thread_kernelILi8E(Lb0E)?E", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16>", "thread_kernelILi16E(Lb0E)?E", 128, 1, 9, 16),
+    CudaVariant("thread_kernel<32>", "thread_kernelILi32E(Lb0E)?E", 128, 1, 17, 32),
     CudaVariant("segment_kernel<2>", "segment_kernelILi2EE", 128, 2, 17, 32),
     CudaVariant("segment_kernel<4>", "segment_kernelILi4EE", 128, 4, 33, 64),
     CudaVariant("segment_kernel<8>", "segment_kernelILi8EE", 128, 8, 65, 128),
@@ -176,6 +180,8 @@ CUDA_VARIANTS = (
 # and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
 # and a build for every call ("default"), takes segment_kernel<2> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
+# The builds of the estimators with deltas: the launcher sends them to the "off" instantiations.
+OFF_POLICY_ESTIMATORS = ("maxk_offpolicy", "maxk_offpolicy_exact")
 
 
 def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVariant:
@@ -183,9 +189,12 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
     variants ``present`` in a build (default: all), for the call of ``build`` (None: a wide-lane
     call). With n > 16 the size-bucketed launcher also starts the small-group kernel, which then
     only reads two offsets per group and skips it: the estimate leaves that out."""
+    off_policy = build is not None and build.split("/")[0] in OFF_POLICY_ESTIMATORS
     for v in CUDA_VARIANTS:
         if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
             if v.name == "thread_kernel<32>" and build is not None and build not in WIDE_LANE_BUILDS:
+                continue
+            if v.name.endswith(",off>") and not off_policy:
                 continue
             return v
     raise ValueError(f"no CUDA kernel for n = {n}")
@@ -616,7 +625,7 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
     log(f"[static] cuda {build}: nvcc + cuobjdump {time.perf_counter() - t0:.0f} s")
     rows = []
     for v in variants:
-        name = next((f for f in funcs if v.pattern in f), None)
+        name = next((f for f in funcs if re.search(v.pattern, f)), None)
         if name is None:
             continue  # a shape of another revision of the launcher
         r = res[name]
@@ -867,7 +876,7 @@ def main(argv=None) -> int:
     try:
         if a.quick:
             kernels += cuda_rows("grpo/fp32", estimator_defines("grpo"), work,
-                                 variants=CUDA_VARIANTS[:1])
+                                 variants=[v for v in CUDA_VARIANTS if v.name == "thread_kernel<8>"])
         else:
             csrc = None
             if a.source_rev:

@@ -115,6 +115,11 @@ def test_radix_passes_follow_the_source():
 def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(8).name == "thread_kernel<8>"
     assert sk.cuda_variant_for(16).name == "thread_kernel<16>"
+    # the off-policy estimators have their own small-group instantiation (an older build: the one kernel)
+    assert sk.cuda_variant_for(16, build="maxk_offpolicy/fp32").name == "thread_kernel<16,off>"
+    assert sk.cuda_variant_for(8, build="maxk_offpolicy/fp32").name == "thread_kernel<8,off>"
+    assert sk.cuda_variant_for(16, build="default").name == "thread_kernel<16>"
+    assert sk.cuda_variant_for(16, {"thread_kernel<16>"}, build="maxk_offpolicy/fp32").name == "thread_kernel<16>"
     assert sk.cuda_variant_for(32).name == "thread_kernel<32>"
     assert sk.cuda_variant_for(32, build="maxk_loo1/fp32").name == "thread_kernel<32>"
     # the calls a wide lane does not take, and a build for every call, run the 2-lane segment kernel

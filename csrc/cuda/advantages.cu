@@ -5,7 +5,9 @@
 //   * n <= 16:   one thread per group (thread_kernel<8 or 16>): the lane executor of the CPU
 //                kernel's small-group path (lane_exec.h), the group in registers, an odd-even merge
 //                network on the float rewards with their indices (float64: on (key, index) pairs);
-//                every launch starts with it;
+//                the samples staged through a shared-memory tile (coalesced copies in and out);
+//                one instantiation for the off-policy estimators and one, with fewer registers
+//                and so more warps per SM, for the others; every launch starts with it;
 //   * n <= 32:   float32 rewards and a call a wide lane takes (grpo; maxk, pass@k, maxk_loo1
 //                from a bank): thread_kernel<32> for all the groups of the launch, its arrays in
 //                float; otherwise thread_kernel<16>, then the segment executor for the groups of
@@ -538,12 +540,15 @@ struct TileGroup {
 // Where the lane executor's final values go on the device: to the group's output, by source index,
 // clipped on the way (kClipsOnStore: in single precision after the rounding for the narrow types,
 // clip_rounded in guards.h; in double for float64).
-template <int W, bool kFull, class Group>
+template <int W, bool kFull, bool kOffPolicy, class Group>
 struct OutputSink {
   static constexpr bool kClipsOnStore = true;
   // Above 16 samples the registers hold the group, its indices and the bank's entries, not the
   // extra arrays of the other estimators: the launcher sends only wide_lane_takes calls there.
   static constexpr bool kWideLane = W > kThreadKernelMax;
+  // The off-policy estimators (deltas) get their own instantiation: the others' registers need
+  // not hold their code and delta arrays.
+  static constexpr bool kOnPolicyOnly = !kOffPolicy;
   int idx[W];  // source index (within the group) of sorted slot s
   int n;
   Group group;
@@ -588,11 +593,11 @@ __device__ __forceinline__ bool load_sorted_narrow(bool sort, Ex& ex, typename E
   return true;
 }
 
-// One group of n <= W samples (kFull: n == W, the size a compile-time constant); off_policy: the
-// call has deltas.
-template <int W, bool kFull, class Group>
+// One group of n <= W samples (kFull: n == W, the size a compile-time constant); kOffPolicy: the
+// instantiation for the needs_deltas estimators, off_policy: the call has deltas.
+template <int W, bool kFull, bool kOffPolicy, class Group>
 __device__ __forceinline__ void thread_group(const Group& group, bool off_policy, const Params& p, int n) {
-  using Ex = LaneExec<W, OutputSink<W, kFull, Group>, kFull>;
+  using Ex = LaneExec<W, OutputSink<W, kFull, kOffPolicy, Group>, kFull>;
   Ex ex;
   ex.set_size(n);
   ex.sink.n = n;
@@ -618,23 +623,35 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
   }
   BK_UNROLL
   for (int s = 0; s < W; ++s)  // a wide lane takes no off-policy call (wide_lane_takes)
-    delta[s] = (!Ex::kWideLane && off_policy && s < ex.n) ? group.delta(ex.sink.idx[s], p) : 0.0;
+    delta[s] = (kOffPolicy && !Ex::kWideLane && off_policy && s < ex.n) ? group.delta(ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
 }
 
 // One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
 // of the CPU kernel's small-group path, with the group in registers. No shuffles, no shared memory.
 // Groups of size in (W, bound] are left to the launch's second kernel (size buckets, guards.h).
-template <int W, class Group>
+template <int W, bool kOffPolicy, class Group>
 __device__ __forceinline__ void thread_group_sized(const Group& group, bool off_policy, const Params& p, int n) {
-  if (kStaticFullGroups || n == W) thread_group<W, true>(group, off_policy, p, n);
-  else thread_group<W, false>(group, off_policy, p, n);
+  if (kStaticFullGroups || n == W) thread_group<W, true, kOffPolicy>(group, off_policy, p, n);
+  else thread_group<W, false, kOffPolicy>(group, off_policy, p, n);
 }
 
 constexpr int kThreadBlock = 128;
 
-template <int W>
-__global__ void __launch_bounds__(kThreadBlock, 1) thread_kernel(int dtype, const void* __restrict__ values,
+// Blocks of the small-group kernel an SM must hold at once (the compiler fits the registers to it).
+// One thread's chain of dependent steps is long and only other warps hide its latency: on an H200
+// the kernel reached 22 % of copy at n = 16 with 8 warps per SM (250 registers). The on-policy
+// instantiations fit 5 blocks at W = 8 (96 registers) and 3 at W = 16 (168) without a spill; the
+// wide lane spills at 3, and the off-policy one keeps the compiler's choice (2 blocks at W = 16).
+template <int W, bool kOffPolicy>
+constexpr int thread_kernel_min_blocks() {
+  return kOffPolicy ? 1 : (W <= 8 ? 5 : (W <= 16 ? 3 : 2));
+}
+
+// kOffPolicy: the instantiation for the needs_deltas estimators (the launcher sends every other
+// call to the other one).
+template <int W, bool kOffPolicy>
+__global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOffPolicy>())) thread_kernel(int dtype, const void* __restrict__ values,
                                                               const int64_t* __restrict__ offsets,
                                                               const void* __restrict__ deltas, void* __restrict__ out,
                                                               int64_t num_groups, int64_t total, Params p,
@@ -656,8 +673,8 @@ __global__ void __launch_bounds__(kThreadBlock, 1) thread_kernel(int dtype, cons
   // computed group to and from its thread's own W slots. float64 works on the tensors directly.
   constexpr int kTile = kThreadBlock * W;
   __shared__ float tile[tile_slot(kTile - 1) + 1];
-  __shared__ float delta_tile[W > kThreadKernelMax ? 1 : tile_slot(kTile - 1) + 1];
-  const bool stage_deltas = W <= kThreadKernelMax && off_policy;  // a wide lane takes no off-policy call
+  __shared__ float delta_tile[kOffPolicy && W <= kThreadKernelMax ? tile_slot(kTile - 1) + 1 : 1];
+  const bool stage_deltas = kOffPolicy && W <= kThreadKernelMax && off_policy;  // a wide lane takes none
   const bool whole_block = __syncthreads_and(!live || tile_fits(begin, end, total, W));  // uniform
   if (dtype != BK_FLOAT64) {
     const int64_t lo = whole_block ? offsets[g0] : span.lo;  // the copied span's first element
@@ -672,7 +689,7 @@ __global__ void __launch_bounds__(kThreadBlock, 1) thread_kernel(int dtype, cons
     }
     if (whole_block) __syncthreads();
     if (span.action == GROUP_COMPUTE)
-      thread_group_sized<W>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy, p,
+      thread_group_sized<W, kOffPolicy>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy, p,
                             int(span.hi - span.lo));
     if (whole_block) __syncthreads();
     for (int i = first; i < len; i += step) store_rounded(dtype, out, lo + i, tile[tile_slot(at + i)]);
@@ -680,7 +697,7 @@ __global__ void __launch_bounds__(kThreadBlock, 1) thread_kernel(int dtype, cons
   }
   if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
   if (span.action != GROUP_COMPUTE) return;
-  thread_group_sized<W>(GlobalGroup{dtype, values, deltas, out, span.lo}, off_policy, p, int(span.hi - span.lo));
+  thread_group_sized<W, kOffPolicy>(GlobalGroup{dtype, values, deltas, out, span.lo}, off_policy, p, int(span.hi - span.lo));
 }
 
 // ----------------------------------------------------------------------------- launcher
@@ -725,10 +742,16 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   const unsigned groups = unsigned(num_groups);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
-  if (cap == 8) rc = launch(thread_kernel<8>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
-  else if (cap == kThreadKernelMaxWide && wide_thread_kernel)
-    rc = launch(thread_kernel<kThreadKernelMaxWide>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
-  else rc = launch(thread_kernel<kThreadKernelMax>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  // The off-policy estimators have their own small-group instantiation (fewer registers for the others).
+  const bool off_policy = bk::needs_deltas(params.code);
+  if (cap == 8)
+    rc = off_policy ? launch(thread_kernel<8, true>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap))
+                    : launch(thread_kernel<8, false>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  else if (cap == kThreadKernelMaxWide && wide_thread_kernel)  // never off-policy (wide_lane_takes)
+    rc = launch(thread_kernel<kThreadKernelMaxWide, false>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  else if (off_policy)
+    rc = launch(thread_kernel<kThreadKernelMax, true>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  else rc = launch(thread_kernel<kThreadKernelMax, false>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
   const int lo = kThreadKernelMax;
   if (rc == cudaSuccess) {
     switch (cap) {

@@ -94,6 +94,18 @@ struct Lane32 : bk::LaneExec<32, LaneSlots<kWide>> {
   const double* values() const { return this->sink.v; }
 };
 
+// The lane executor at W = 16, plain or on-policy only (the CUDA small-group kernel's instantiation
+// for the calls without deltas: kOnPolicyOnly, which refuses the needs_deltas estimators).
+template <bool kOnPolicy>
+struct OnPolicySlots : bk::SlotValues<16> {
+  static constexpr bool kOnPolicyOnly = kOnPolicy;
+};
+template <bool kOnPolicy>
+struct Lane16 : bk::LaneExec<16, OnPolicySlots<kOnPolicy>> {
+  void begin_group(int n) { this->set_size(n); }
+  const double* values() const { return this->sink.v; }
+};
+
 // ---------------------------------------------------------------- brute force over subsets
 
 double binom(int a, int b) {
@@ -818,6 +830,32 @@ void check_division_ftz() {
   expect_close(bk::div_with_estimate(1e300, 1.5e308, rcp_ftz_emulated), 1e300 / 1.5e308, 2.3e-16, "a / huge", 0, 0, 0);
 }
 
+// An on-policy lane gives the plain lane's values bit for bit on every estimator without deltas
+// (the CUDA kernel passes it zero deltas), and NaN on the off-policy ones (the launcher sends those
+// to the other instantiation), or 0 where the too-small rule zeroes the group first.
+void check_on_policy_lane() {
+  std::mt19937_64 rng(16);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  int refused = 0;
+  for (int code = 0; code < bk::NUM_CODES; ++code)
+    for (int n = 1; n <= 16; ++n) {
+      std::vector<double> g(n), zero(n, 0.0);
+      for (int i = 0; i < n; ++i) g[i] = n % 2 ? uni(rng) : std::round(uni(rng) * 4) / 4;
+      const auto plain = run<Lane16<false>>(code, g, zero, 2, 1e-6, nullptr);
+      const auto on = run<Lane16<true>>(code, g, zero, 2, 1e-6, nullptr);
+      for (int i = 0; i < n; ++i) {
+        if (!bk::needs_deltas(code)) expect_close(on[i], plain[i], 0.0, "on-policy lane = lane", n, code, i);
+        else if (!(on[i] == 0.0 && plain[i] == 0.0)) expect_close(on[i], NAN, 0.0, "on-policy lane refuses", n, code, i);
+      }
+      refused += bk::needs_deltas(code) && n >= 3 && std::isnan(on[0]);
+    }
+  ++checks;
+  if (refused == 0) {
+    ++failures;
+    std::printf("FAIL the on-policy lane refused no off-policy call\n");
+  }
+}
+
 // Every size up to 32, every estimator, with and without a bank: the wide lane holds its arrays in
 // float, so half the trials draw arbitrary float32 rewards (what it is sent), not quarter steps.
 void check_wide_lane_sizes() {
@@ -875,6 +913,7 @@ int main() {
   check_constant_and_extremes();
   check_bank();
   check_wide_lane_sizes();
+  check_on_policy_lane();
   check_segments();
   check_non_finite();
   std::printf("%d checks, %d failures\n", checks, failures);

@@ -216,11 +216,21 @@ BK_HD int wide_lane_code(int code, bool has_bank) {
 
 BK_HD bool wide_lane_takes(int code, bool has_bank) { return wide_lane_code(code, has_bank) >= 0; }
 
-// The estimator code compute_group dispatches on: p.code, or for a wide lane wide_lane_code (a
-// refused call, -1, is NaN-filled).
+// Whether the executor computes on-policy calls only (Ex::kOnPolicyOnly = true: the CUDA
+// small-group kernel's instantiation for the calls without deltas). The off-policy estimators'
+// code and W-wide delta arrays then stay out of its registers; the launcher sends it no
+// needs_deltas call, and compute_group would NaN-fill one.
+template <class Ex, class = void>
+struct on_policy_lane : std::false_type {};
+template <class Ex>
+struct on_policy_lane<Ex, std::void_t<decltype(Ex::kOnPolicyOnly)>> : std::bool_constant<Ex::kOnPolicyOnly> {};
+
+// The estimator code compute_group dispatches on: p.code, or for a wide lane wide_lane_code, or
+// for an on-policy lane -1 in place of an off-policy code (a refused call, -1, is NaN-filled).
 template <class Ex>
 BK_HD int dispatch_code(const Params& p) {
   if constexpr (wide_lane<Ex>::value) return wide_lane_code(p.code, has_bank(p));
+  else if constexpr (on_policy_lane<Ex>::value) return needs_deltas(p.code) ? -1 : p.code;
   else return p.code;
 }
 

@@ -85,6 +85,7 @@ template <int W, class Sink = SlotValues<W>, bool kFull = false>
 struct LaneExec : LaneSize<W, kFull> {
   static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
   static constexpr bool kWideLane = wide_lane<Sink>::value;  // computes the wide_lane_takes calls only (group_math.h)
+  static constexpr bool kOnPolicyOnly = on_policy_lane<Sink>::value;  // no needs_deltas call (group_math.h)
   // A wide lane holds its arrays in float: it takes float32 rewards only, and the calls it
   // computes store nothing in an array but the rewards (exact in float) and zero deltas; every
   // sum and product is still in double (half the registers of a double array).
