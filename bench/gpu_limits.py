@@ -1,6 +1,6 @@
 """The GPU speed targets of the kernel redesign, measured in one run on a CUDA machine.
 
-    python -m bench.gpu_limits --out DIR            # CUDA: about 2 minutes once the extension is built
+    python -m bench.gpu_limits --out DIR            # CUDA: under a minute on an H200 once the extension is built
     python -m bench.gpu_limits --dry-run --out DIR  # the same flow on the CPU kernel, tiny sizes (CI)
 
 Every call is ``bk.advantages(rewards, 4, estimator, check_inputs=False, max_group_size=n,
@@ -201,6 +201,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--dry-run", action="store_true", help="the CPU kernel, tiny sizes: checks the flow (CI)")
+    ap.add_argument("--backends", help="a subset, e.g. cuda (default: cuda,triton)")
+    ap.add_argument("--ns", help="group sizes of the bandwidth cells, e.g. 8,16,32 (default: all)")
     a = ap.parse_args(argv)
     if a.dry_run:
         device, backends, n_samples, ns, small_calls = "cpu", ("cpu",), 1 << 12, (8, 16, 64), 20
@@ -209,6 +211,10 @@ def main(argv=None) -> int:
             print("[gpu_limits] no CUDA device (use --dry-run on a CPU machine)", file=sys.stderr)
             return 2
         device, backends, n_samples, ns, small_calls = "cuda", ("cuda", "triton"), 1 << 24, NS, 1000
+    if a.backends:  # a quick A/B run of two builds needs only some cells
+        backends = tuple(b for b in a.backends.split(",") if b)
+    if a.ns:
+        ns = tuple(int(n) for n in a.ns.split(",") if n)
     os.makedirs(a.out, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     clock = Clock(device)

@@ -183,14 +183,18 @@ def full_offsets(G: int, n: int, device: torch.device) -> torch.Tensor:
     that shape (a training loop repeats it): on a GPU that saves two launches and an allocation per
     call. Nothing writes offsets. Built afresh, and not kept, while torch.compile traces or a CUDA
     graph captures (a kept tensor would belong to the graph's memory pool)."""
+    def fresh():
+        if n == 0:
+            return torch.zeros(G + 1, dtype=torch.int64, device=device)
+        return torch.arange(0, G * n + 1, n, dtype=torch.int64, device=device)
+
+    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return fresh()
     key = (G, n, device)
     hit = _FULL_OFFSETS.get(key)
     if hit is not None:
         return hit
-    offsets = (torch.arange(0, G * n + 1, n, dtype=torch.int64, device=device) if n
-               else torch.zeros(G + 1, dtype=torch.int64, device=device))
-    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return offsets
+    offsets = fresh()
     if len(_FULL_OFFSETS) >= _FULL_OFFSETS_KEEP:
         _FULL_OFFSETS.pop(next(iter(_FULL_OFFSETS)))  # the oldest shape
     _FULL_OFFSETS[key] = offsets

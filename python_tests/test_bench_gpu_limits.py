@@ -30,6 +30,15 @@ def test_dry_run_measures_every_cell(tmp_path):
     cells = {(r["estimator"], r["n"]) for r in data["bandwidth"]}
     assert cells == {(e, n) for e in gl.ESTIMATORS for n in (8, 16, 64)}
     assert all(r["time_us"] > 0 and 0 < r["fraction_of_copy"] for r in data["bandwidth"])
-    assert {r["estimator"] for r in data["small_batch"]} == set(gl.ESTIMATORS)
+    # every estimator, and one torch op as the floor of a call from Python
+    assert {r["estimator"] for r in data["small_batch"]} == set(gl.ESTIMATORS) | {"copy_ (one launch)"}
+    assert [r["backend"] for r in data["small_batch"]].count("torch") == 1
     assert all(r["wall_us"] > 0 and r["kernel_us"] is None for r in data["small_batch"])  # no GPU: no profiler
     assert (tmp_path / "REPORT.md").read_text().startswith("# GPU limits")
+
+
+def test_cells_can_be_narrowed(tmp_path):
+    # an A/B run of two builds times only the cells it compares
+    assert gl.main(["--dry-run", "--backends", "cpu", "--ns", "8", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "gpu_limits.json").read_text())
+    assert {(r["backend"], r["n"]) for r in data["bandwidth"]} == {("cpu", 8)}

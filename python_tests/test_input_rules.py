@@ -76,3 +76,16 @@ def test_big_k_for_the_metrics():
     correct = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
     assert float(bk.pass_at_k(correct, 10 ** 30, small_groups="clamp")[0]) == 1.0
     assert float(bk.max_at_k(correct, 2 ** 40, small_groups="zero")[0]) == 0.0
+
+
+@pytest.mark.parametrize("G, n", [(0, 4), (1, 1), (3, 0), (5, 7)])
+def test_full_layout_offsets_are_kept_per_shape(G, n):
+    from bonkernels import groups
+    first = groups.full_offsets(G, n, torch.device("cpu"))
+    assert first.tolist() == [g * n for g in range(G + 1)] and first.dtype == torch.int64
+    assert groups.full_offsets(G, n, torch.device("cpu")) is first   # the next call of the shape reuses it
+    # and a [G, n] call still gives the row-by-row result
+    if G and n:
+        r = torch.rand(G, n, dtype=torch.float64)
+        want = torch.cat([bk.advantages(r[g:g + 1], 1, "maxk_loo1", backend="torch") for g in range(G)])
+        torch.testing.assert_close(bk.advantages(r, 1, "maxk_loo1", backend="torch"), want)

@@ -39,6 +39,9 @@ def test_dry_run_exercises_every_section(dry_run):
     for name in ("streams", "graphs", "sanitizer"):  # CUDA-only: skipped with a reason, never silently
         assert sections[name]["skipped"], (name, sections.get(name))
     assert "[sanitize-target] done" in log and "extension build route:" in log
+    # the Triton sections run in shards (child processes) whose counts merge into one section
+    for job in ("triton-0", "triton-1", "adversarial-triton-0", "adversarial-triton-1"):
+        assert f"---------------- {job} (exit 0)" in log, job
     assert "[done]" in log.splitlines()[-1]
     assert (proc.returncode == 0) == summary["ok"]  # the exit status is the summary's verdict
 

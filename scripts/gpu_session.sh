@@ -21,5 +21,5 @@ echo "gpu_check exit status $check_rc"
 grep -E '^\[build\]|^\[[a-z-]+\] [0-9]+ passed|^FAIL|^FAILED|^\[done\]' "$OUT/check/stdout.txt" | tail -n 40
 timeout 170 "$PY" -m bench.gpu_limits --out "$OUT/limits" > "$OUT/limits/stdout.txt" 2>&1
 echo "gpu_limits exit status $?"
-sed -n '/^| backend/,$p' "$OUT/limits/REPORT.md" 2>/dev/null | cut -c1-120 | tail -n 75
+(cd "$OUT/limits" && sed -n '/^| backend/,$p' REPORT.md 2>/dev/null) | cut -c1-120 | tail -n 75
 exit $check_rc

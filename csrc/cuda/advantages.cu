@@ -84,10 +84,6 @@ __device__ __forceinline__ double load_value(int dtype, const void* p, int64_t i
   }
 }
 
-__device__ __forceinline__ int64_t element_size(int dtype) {
-  return dtype == BK_FLOAT64 ? 8 : (dtype == BK_FLOAT32 ? 4 : 2);
-}
-
 // A value already rounded to float, into a float32/float16/bfloat16 output.
 __device__ __forceinline__ void store_rounded(int dtype, void* p, int64_t i, float f) {
   switch (dtype) {
@@ -627,9 +623,6 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
   compute_group(ex, p, x, delta);
 }
 
-// One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
-// of the CPU kernel's small-group path, with the group in registers. No shuffles, no shared memory.
-// Groups of size in (W, bound] are left to the launch's second kernel (size buckets, guards.h).
 template <int W, bool kOffPolicy, class Group>
 __device__ __forceinline__ void thread_group_sized(const Group& group, bool off_policy, const Params& p, int n) {
   if (kStaticFullGroups || n == W) thread_group<W, true, kOffPolicy>(group, off_policy, p, n);
@@ -648,14 +641,16 @@ constexpr int thread_kernel_min_blocks() {
   return kOffPolicy ? 1 : (W <= 8 ? 5 : (W <= 16 ? 3 : 2));
 }
 
-// kOffPolicy: the instantiation for the needs_deltas estimators (the launcher sends every other
-// call to the other one).
+// One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
+// of the CPU kernel's small-group path, with the group in registers (no shuffles) and its samples in
+// the block's shared-memory tile. Groups of size in (W, bound] are left to the launch's second
+// kernel (size buckets, guards.h). kOffPolicy: the instantiation for the needs_deltas estimators
+// (the launcher sends every other call to the other one).
 template <int W, bool kOffPolicy>
-__global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOffPolicy>())) thread_kernel(int dtype, const void* __restrict__ values,
-                                                              const int64_t* __restrict__ offsets,
-                                                              const void* __restrict__ deltas, void* __restrict__ out,
-                                                              int64_t num_groups, int64_t total, Params p,
-                                                              int64_t bound) {
+__global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOffPolicy>()))
+    thread_kernel(int dtype, const void* __restrict__ values, const int64_t* __restrict__ offsets,
+                  const void* __restrict__ deltas, void* __restrict__ out, int64_t num_groups, int64_t total,
+                  Params p, int64_t bound) {
   BK_STATIC_SPECIALISE(dtype, p);
   // The wide kernel takes float32 only (the launcher): a constant dtype drops the other types'
   // loads and stores from its code (registers).
@@ -689,15 +684,16 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOf
     }
     if (whole_block) __syncthreads();
     if (span.action == GROUP_COMPUTE)
-      thread_group_sized<W, kOffPolicy>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy, p,
-                            int(span.hi - span.lo));
+      thread_group_sized<W, kOffPolicy>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy,
+                                        p, int(span.hi - span.lo));
     if (whole_block) __syncthreads();
     for (int i = first; i < len; i += step) store_rounded(dtype, out, lo + i, tile[tile_slot(at + i)]);
     return;
   }
   if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
   if (span.action != GROUP_COMPUTE) return;
-  thread_group_sized<W, kOffPolicy>(GlobalGroup{dtype, values, deltas, out, span.lo}, off_policy, p, int(span.hi - span.lo));
+  thread_group_sized<W, kOffPolicy>(GlobalGroup{dtype, values, deltas, out, span.lo}, off_policy, p,
+                                    int(span.hi - span.lo));
 }
 
 // ----------------------------------------------------------------------------- launcher

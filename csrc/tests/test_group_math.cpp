@@ -82,29 +82,31 @@ std::vector<double> run(int code, const std::vector<double>& g, const std::vecto
   return out;
 }
 
-// The lane executor at W = 32 as run() drives it, plain or as a wide lane (the CUDA small-group
-// kernel's thread_kernel<32>: kWideLane, which computes only the wide_lane_takes calls).
-template <bool kWide>
-struct LaneSlots : bk::SlotValues<32> {
-  static constexpr bool kWideLane = kWide;
-};
-template <bool kWide>
-struct Lane32 : bk::LaneExec<32, LaneSlots<kWide>> {
+// The lane executor of width W as run() drives it, its slots (the sink) marked as the CUDA
+// small-group kernel marks them.
+template <int W, class Slots>
+struct TestLane : bk::LaneExec<W, Slots> {
   void begin_group(int n) { this->set_size(n); }
   const double* values() const { return this->sink.v; }
 };
 
-// The lane executor at W = 16, plain or on-policy only (the CUDA small-group kernel's instantiation
-// for the calls without deltas: kOnPolicyOnly, which refuses the needs_deltas estimators).
+// W = 32, plain or as a wide lane (thread_kernel<32>: kWideLane, which computes only the
+// wide_lane_takes calls).
+template <bool kWide>
+struct WideSlots : bk::SlotValues<32> {
+  static constexpr bool kWideLane = kWide;
+};
+template <bool kWide>
+using Lane32 = TestLane<32, WideSlots<kWide>>;
+
+// W = 16, plain or on-policy only (the instantiation for the calls without deltas: kOnPolicyOnly,
+// which refuses the needs_deltas estimators).
 template <bool kOnPolicy>
 struct OnPolicySlots : bk::SlotValues<16> {
   static constexpr bool kOnPolicyOnly = kOnPolicy;
 };
 template <bool kOnPolicy>
-struct Lane16 : bk::LaneExec<16, OnPolicySlots<kOnPolicy>> {
-  void begin_group(int n) { this->set_size(n); }
-  const double* values() const { return this->sink.v; }
-};
+using Lane16 = TestLane<16, OnPolicySlots<kOnPolicy>>;
 
 // ---------------------------------------------------------------- brute force over subsets
 
