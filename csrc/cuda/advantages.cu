@@ -634,11 +634,17 @@ constexpr int kThreadBlock = 128;
 // Blocks of the small-group kernel an SM must hold at once (the compiler fits the registers to it).
 // One thread's chain of dependent steps is long and only other warps hide its latency: on an H200
 // the kernel reached 22 % of copy at n = 16 with 8 warps per SM (250 registers). The on-policy
-// instantiations fit 5 blocks at W = 8 (96 registers) and 3 at W = 16 (168) without a spill; the
-// wide lane spills at 3, and the off-policy one keeps the compiler's choice (2 blocks at W = 16).
+// instantiations fit 5 blocks at W = 8 (96 registers) and, on sm_90, 3 at W = 16 (168) without a
+// spill (sm_80's compiler spills 8 bytes there: 2 blocks); the wide lane spills at 3, and the
+// off-policy one keeps the compiler's choice (2 blocks at W = 16). Only the device passes read it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kOnPolicyBlocksAt16 = 2;
+#else
+constexpr int kOnPolicyBlocksAt16 = 3;
+#endif
 template <int W, bool kOffPolicy>
 constexpr int thread_kernel_min_blocks() {
-  return kOffPolicy ? 1 : (W <= 8 ? 5 : (W <= 16 ? 3 : 2));
+  return kOffPolicy ? 1 : (W <= 8 ? 5 : (W <= 16 ? kOnPolicyBlocksAt16 : 2));
 }
 
 // One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
