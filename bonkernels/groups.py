@@ -179,10 +179,12 @@ _FULL_OFFSETS_KEEP = 32
 
 
 def full_offsets(G: int, n: int, device: torch.device) -> torch.Tensor:
-    """Offsets 0, n, ..., G n of a ``[G, n]`` batch, kept per (G, n, device) for the next call of
-    that shape (a training loop repeats it): on a GPU that saves two launches and an allocation per
-    call. Nothing writes offsets. Built afresh, and not kept, while torch.compile traces or a CUDA
-    graph captures (a kept tensor would belong to the graph's memory pool)."""
+    """Offsets 0, n, ..., G n of a ``[G, n]`` batch, kept per (G, n, device, stream) for the next
+    call of that shape (a training loop repeats it): on a GPU that saves two launches and an
+    allocation per call. Nothing writes offsets. Kept per CUDA stream because the kernel that fills
+    them runs on the stream of the first call: another stream could read them before it ran. Built
+    afresh, and not kept, while torch.compile traces or a CUDA graph captures (a kept tensor would
+    belong to the graph's memory pool)."""
     def fresh():
         if n == 0:
             return torch.zeros(G + 1, dtype=torch.int64, device=device)
@@ -190,7 +192,7 @@ def full_offsets(G: int, n: int, device: torch.device) -> torch.Tensor:
 
     if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return fresh()
-    key = (G, n, device)
+    key = (G, n, device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None)
     hit = _FULL_OFFSETS.get(key)
     if hit is not None:
         return hit
