@@ -1041,7 +1041,8 @@ def main() -> int:
                         help="the build route to build and assert (default torch-cuda)")
     parser.add_argument("--no-bare-route", action="store_true", help="skip the extra bare-nvcc build and checks")
     parser.add_argument("--deadline-s", type=float, default=420,
-                        help="whole-script budget (checks past it FAIL; the H200 needed 245 s without the bare-nvcc route)")
+                        help="whole-script budget (checks past it FAIL; one H200 took 245 s without the "
+                             "bare-nvcc route)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sanitize-target", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sections", default=",".join(SECTIONS), help=argparse.SUPPRESS)
@@ -1079,18 +1080,15 @@ def main() -> int:
     # 2. the checks: each group of sections in its own interpreter, all at once (one crashed CUDA
     # context loses one group; the GPU is shared, correctness is not affected)
     env_extra = {"TRITON_INTERPRET": "1"} if (not cuda and args.dry_run) else {}
-    groups = {"core": ["kernels", "streams", "graphs", "api"], "policy_loss": ["policy_loss"],
-              "adversarial-native": ["adversarial-native"]}
+    groups = [("core", ["kernels", "streams", "graphs", "api"], env_extra),
+              ("policy_loss", ["policy_loss"], env_extra), ("adversarial-native", ["adversarial-native"], env_extra)]
     shards = TRITON_SHARDS if (cuda and not args.quick) else 2  # 2: the dry run covers the sharding too
     for i in range(shards):
-        suffix = f"-{i}" if shards > 1 else ""
-        groups[f"triton{suffix}"] = ["triton"]
-        groups[f"adversarial-triton{suffix}"] = ["adversarial-triton"]
+        shard_env = dict(env_extra, BK_GPU_CHECK_SHARD=f"{i}/{shards}")
+        groups += [(f"triton-{i}", ["triton"], shard_env), (f"adversarial-triton-{i}", ["adversarial-triton"], shard_env)]
     check_deadline = args.deadline_s - 30  # leave time for the timing table and the summary
     budget = check_deadline - elapsed() - 20  # children stop themselves (and say so) before being killed
-    jobs = [Job(args, name, scratch, sections,
-                dict(env_extra, BK_GPU_CHECK_SHARD=f"{name.rsplit('-', 1)[1]}/{shards}") if name[-1].isdigit()
-                else env_extra, budget_s=budget) for name, sections in groups.items()]
+    jobs = [Job(args, name, scratch, sections, env, budget_s=budget) for name, sections, env in groups]
     # 3. compute-sanitizer on every CUDA kernel variant, alongside
     sanitizer = find_sanitizer() if cuda else None
     sec = summary["sections"].setdefault("sanitizer", {"passed": 0, "failed": [], "skipped": []})

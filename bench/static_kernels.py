@@ -180,8 +180,6 @@ CUDA_VARIANTS = (
 # and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
 # and a build for every call ("default"), takes segment_kernel<2> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
-# The builds of the estimators with deltas: the launcher sends them to the "off" instantiations.
-OFF_POLICY_ESTIMATORS = ("maxk_offpolicy", "maxk_offpolicy_exact")
 
 
 def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVariant:
@@ -189,7 +187,10 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
     variants ``present`` in a build (default: all), for the call of ``build`` (None: a wide-lane
     call). With n > 16 the size-bucketed launcher also starts the small-group kernel, which then
     only reads two offsets per group and skips it: the estimate leaves that out."""
-    off_policy = build is not None and build.split("/")[0] in OFF_POLICY_ESTIMATORS
+    from bonkernels import estimators
+    # the estimators with deltas: the launcher sends them to the "off" instantiations
+    est = estimators.REGISTRY.get(build.split("/")[0]) if build is not None else None
+    off_policy = est is not None and est.needs_deltas
     for v in CUDA_VARIANTS:
         if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
             if v.name == "thread_kernel<32>" and build is not None and build not in WIDE_LANE_BUILDS:

@@ -674,8 +674,9 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOf
   // computed group to and from its thread's own W slots. float64 works on the tensors directly.
   constexpr int kTile = kThreadBlock * W;
   __shared__ float tile[tile_slot(kTile - 1) + 1];
-  __shared__ float delta_tile[kOffPolicy && W <= kThreadKernelMax ? tile_slot(kTile - 1) + 1 : 1];
-  const bool stage_deltas = kOffPolicy && W <= kThreadKernelMax && off_policy;  // a wide lane takes none
+  constexpr bool kDeltaTile = kOffPolicy && W <= kThreadKernelMax;  // a wide lane takes no off-policy call
+  __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1) + 1 : 1];
+  const bool stage_deltas = kDeltaTile && off_policy;
   const bool whole_block = __syncthreads_and(!live || tile_fits(begin, end, total, W));  // uniform
   if (dtype != BK_FLOAT64) {
     const int64_t lo = whole_block ? offsets[g0] : span.lo;  // the copied span's first element
@@ -746,14 +747,11 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   cudaError_t rc;
   // The off-policy estimators have their own small-group instantiation (fewer registers for the others).
   const bool off_policy = bk::needs_deltas(params.code);
-  if (cap == 8)
-    rc = off_policy ? launch(thread_kernel<8, true>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap))
-                    : launch(thread_kernel<8, false>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
-  else if (cap == kThreadKernelMaxWide && wide_thread_kernel)  // never off-policy (wide_lane_takes)
-    rc = launch(thread_kernel<kThreadKernelMaxWide, false>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
-  else if (off_policy)
-    rc = launch(thread_kernel<kThreadKernelMax, true>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
-  else rc = launch(thread_kernel<kThreadKernelMax, false>, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  auto* small_kernel = cap == 8 ? (off_policy ? thread_kernel<8, true> : thread_kernel<8, false>)
+                       : cap == kThreadKernelMaxWide && wide_thread_kernel
+                           ? thread_kernel<kThreadKernelMaxWide, false>  // never off-policy (wide_lane_takes)
+                           : (off_policy ? thread_kernel<kThreadKernelMax, true> : thread_kernel<kThreadKernelMax, false>);
+  rc = launch(small_kernel, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
   const int lo = kThreadKernelMax;
   if (rc == cudaSuccess) {
     switch (cap) {
