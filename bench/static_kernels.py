@@ -22,8 +22,9 @@ Registers, stack, local (spill) memory and static shared memory come from ``cuob
 (spill bytes from ``ptxas -v``), SASS from ``cuobjdump -sass``.
 
 Triton: bonkernels/triton/aot.py's compile path (fp32, the blocks that cover n in
-{8, 16, 32, 64, 1024, 4096}): build ``fp32`` is what the launcher runs (estimator code at run
-time); ``<estimator>/fp32`` makes the code and has_bank = 0 compile-time constants (analysis only).
+{8, 16, 32, 64, 1024, 4096}): build ``fp32`` is the kernel with every estimator (code at run
+time; at BLOCK <= 16 the on-policy calls launch its twin without the off-policy branch); ``<estimator>/fp32`` makes the code, has_bank (1 for the estimators that read one k's bank
+in a single-k call) and the sort compile-time constants (analysis only).
 Registers and spills from ``ptxas -v`` on its PTX, shared memory from the compiled metadata, SASS
 from its cubin.
 
@@ -658,21 +659,27 @@ def _loops_text(loops) -> str:
 # ---------------------------------------------------------------------------------------------- Triton
 
 def compile_triton(dtype: str, block: int, code: int | None = None):
-    """aot.compile_one's compile for sm_90; with ``code``, the estimator code and has_bank = 0 are
-    made compile-time constants (a static-analysis specialisation: the launcher never builds it)."""
+    """aot.compile_one's compile for sm_90; with ``code``, the estimator code, whether it reads a
+    bank (as a single-k call on [G, n] rewards does) and whether it sorts are made compile-time
+    constants (a static-analysis specialisation: the launcher never builds it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from bonkernels import estimators, tables
     from bonkernels.triton import _config, aot
     from bonkernels.triton._advantages_kernel import advantages_kernel
 
-    cfg = _config.config_for_block(block)
-    if code is None:
+    if code is None:  # every estimator: the kernel with the off-policy branch
+        cfg = _config.config_for_block(block, True)
         return cfg, aot.compile_one(aot.Specialisation(dtype, cfg), 90)
     sig = aot._signature(dtype)
-    sig["code"], sig["has_bank"] = "constexpr", "constexpr"
-    constexprs = dict(cfg.constexprs(), code=code, has_bank=0)
+    est = estimators.BY_CODE[code]
+    cfg = _config.config_for_block(block, est.needs_deltas)
+    sig["code"], sig["has_bank"], sig["sorts"] = "constexpr", "constexpr", "constexpr"
+    # the path of a single-k call on [G, n] rewards: one k's bank where the estimator takes one
+    constexprs = dict(cfg.constexprs(), code=code, has_bank=int(est.name in tables.BANK_ESTIMATORS),
+                      sorts=int(not est.order_free))
     source = ASTSource(fn=advantages_kernel, signature=sig, constexprs=constexprs)
     return cfg, triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
 
@@ -715,7 +722,7 @@ def triton_rows(blocks=TRITON_BLOCKS, dtype: str = "fp32", work: str = ".", budg
         threads = cfg.num_warps * 32
         blocks_sm, occ = occupancy(regs, shared, threads)
         rows.append(KernelRow("triton", f"triton BLOCK={block} GROUPS={cfg.groups} warps={cfg.num_warps}"
-                              f"{' rank-sort' if cfg.rank_sort else ''}", build, threads, threads / cfg.groups, regs,
+                              f"{' lanes' if cfg.lanes else ''}", build, threads, threads / cfg.groups, regs,
                               int(sp.group(1)) if sp else 0, int(sp.group(2)) if sp else 0, 0, shared, blocks_sm,
                               occ, _loops_text(c.loops), c.cold, c.static, c.weighted, c.path))
         log(f"[static] triton {build} BLOCK={block}: {time.perf_counter() - t0:.0f} s, {regs} registers, "

@@ -44,9 +44,9 @@ BANK_ESTIMATORS = tuple(name for name in MIXABLE_ESTIMATORS
 # The reference-only ones (maxk_offpolicy_exact): a mixture is the weighted sum of single-k calls.
 SUM_OVER_K_ESTIMATORS = tuple(name for name in MIXABLE_ESTIMATORS if name not in BANK_ESTIMATORS)
 
-# The native kernels read one k's tables from a bank too (single_k_bank): the tables are built once
-# per call shape and cached, instead of per group in the kernel. (Triton builds its own in-kernel.)
-SINGLE_K_BANK_BACKENDS = ("cpu", "cuda")
+# The kernels read one k's tables from a bank too (single_k_bank): the tables are built once per
+# call shape and cached, instead of per group in the kernel (a division per sample and more).
+SINGLE_K_BANK_BACKENDS = ("cpu", "cuda", "triton")
 
 # With a known max_group_size up to this bound, the bank holds every size 1..max_group_size, so
 # building it needs no look at the (possibly GPU-resident) group sizes.

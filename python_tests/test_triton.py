@@ -108,15 +108,22 @@ def test_launch_configs():
         config = _config.config_for_block(block)
         assert config.block == block and 2 ** config.log2_block == block
         assert config.groups >= 1 and config.groups & (config.groups - 1) == 0
-        assert config.rank_sort == (block <= _config.RANK_SORT_MAX_BLOCK)
-        assert config.num_warps in (4, 8, 16, 32)
+        assert config.lanes == (block <= _config.LANE_MAX_BLOCK)
+        # only the thread-per-group kernels leave the off-policy branch out
+        assert config.deltas and _config.config_for_block(block, False).deltas == (not config.lanes)
+        if config.lanes:  # every thread of the program holds a group of its own
+            assert config.groups == 32 * config.num_warps
+        else:
+            assert config.num_warps in (4, 8, 16, 32)
 
 
 def test_specialisations_cover_every_dtype_and_block():
     from bonkernels.triton.aot import specialisations
 
     specs = specialisations()
-    assert len(specs) == len(_config.VALUE_DTYPES) * len(_config.all_blocks())
+    assert len(specs) == len(_config.VALUE_DTYPES) * len(_config.all_configs())
+    lane_blocks = {c.block for c in _config.all_configs() if c.lanes}
+    assert len(_config.all_configs()) == len(_config.all_blocks()) + len(lane_blocks)
     assert {s.dtype_name for s in specs} == {"fp16", "bf16", "fp32", "fp64"}
 
 
@@ -172,7 +179,7 @@ def test_launches_use_exactly_the_compiled_specialisations():
                     backend, kwargs, bound, specialization, options)
                 assert bank_signature == signature and not any(bank_attrs.values())
             assert all(not a for a in attrs.values()), attrs
-            expected = _config.config_for_block(block).constexprs()
+            expected = _config.config_for_block(block, clamp is not None).constexprs()
             assert constexprs == {(advantages_kernel.arg_names.index(key),): value
                                   for key, value in expected.items()}
 
@@ -242,15 +249,43 @@ def _compile(args, expected):
 
 
 def test_both_sort_paths_compile_for_sm90():
-    """A quick subset of the check below (about 30 s): every dtype, one block per sort method."""
-    _compile(["--arch", "90", "--block", "16", "64"], len(_config.VALUE_DTYPES) * 2)
+    """A quick subset of the check below (about 30 s): every dtype, one block per layout."""
+    _compile(["--arch", "90", "--block", "16", "64"], len(_config.VALUE_DTYPES) * 3)
+
+
+LANE_LAYOUT_PROBE = """
+from bonkernels.triton import _config, aot
+for dtype in ("fp32", "fp64", "bf16"):
+    for config in _config.all_configs():
+        if not config.lanes:
+            continue
+        compiled = aot.compile_one(aot.Specialisation(dtype, config), 90)
+        ptx = compiled.asm["ptx"]
+        print(dtype, config.block, ptx.count("shfl.sync"), ptx.count("bar.sync"),
+              compiled.metadata.shared)
+"""
+
+
+def test_thread_per_group_blocks_compile_without_cross_thread_traffic():
+    """In the lane layout a thread holds its whole group: the compiled kernel exchanges nothing
+    between threads (no barrier, no shared memory) but the one warp-wide maximum of the program's
+    oversized groups (ten shuffles: 64 bits over 5 steps). A load or scan that Triton lays out
+    across threads brings back hundreds of shuffles (a reverse tl.cumsum alone did)."""
+    result = _run(["-c", LANE_LAYOUT_PROBE], {}, 600)
+    assert result.returncode == 0, _tail(result)
+    rows = [line.split() for line in result.stdout.splitlines()]
+    lane_configs = [c for c in _config.all_configs() if c.lanes]
+    assert len(rows) == 3 * len(lane_configs) and lane_configs
+    for dtype, block, shuffles, barriers, shared in rows:
+        assert int(shuffles) <= 10 and int(barriers) == 0 and int(shared) == 0, \
+            (dtype, block, shuffles, barriers, shared)
 
 
 @pytest.mark.slow  # 80 compilations: 5-10 minutes on 2 cores (the largest blocks cost most)
 def test_every_specialisation_compiles_for_sm80_and_sm90():
     """triton.compile (no GPU needed) of each (dtype, BLOCK) for sm_80 and sm_90: the interpreter
     accepts programs that the GPU compiler rejects."""
-    _compile(["--arch", "80", "90"], len(_config.VALUE_DTYPES) * len(_config.all_blocks()) * 2)
+    _compile(["--arch", "80", "90"], len(_config.VALUE_DTYPES) * len(_config.all_configs()) * 2)
 
 
 # ---------------------------------------------------------------- NaN through the compiled clip

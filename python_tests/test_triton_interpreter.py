@@ -26,7 +26,7 @@ pytest.importorskip("triton")
 DEVICE = "cpu" if INTERPRETING else "cuda"
 
 import bonkernels as bk  # noqa: E402
-from bonkernels import estimators, reference  # noqa: E402
+from bonkernels import estimators, reference, tables  # noqa: E402
 from bonkernels import triton as bk_triton  # noqa: E402
 from bonkernels.triton import _config, _facts  # noqa: E402
 
@@ -101,7 +101,7 @@ def assert_matches_reference(values, offsets, deltas, k, est, *, clamp_delta=Non
 @pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
 def test_ragged_small_groups_match_reference(est, dtype):
     """Ragged batch with an empty group, singletons, ties, sizes that are not powers of two
-    (BLOCK=16, rank sort), too-small groups zeroed or clamped, both scales."""
+    (BLOCK=16, a thread per group), too-small groups zeroed or clamped, both scales."""
     generator = torch.Generator().manual_seed(1000 + est.code)
     sizes = [5, 1, 8, 3, 0, 7, 2, 16, 13, 4, 1, 11]
     offsets = packed_offsets(sizes)
@@ -133,8 +133,9 @@ def test_valid_groups_k1_and_k_equal_n(est):
 @pytest.mark.parametrize("sizes", [[3, 8, 1, 6] * 18, [30, 17, 32, 1, 0, 9]],
                          ids=["block8-two-programs", "block32"])
 @pytest.mark.parametrize("name", ["maxk_loo1", "maxk_offpolicy", "bon_mean", "chen_passk"])
-def test_other_rank_sort_blocks(name, sizes):
-    """BLOCK=8 with more groups than one program holds, and BLOCK=32."""
+def test_other_small_blocks(name, sizes):
+    """BLOCK=8 (a thread per group) with more groups than one program holds, and BLOCK=32 (a
+    group across threads)."""
     est = estimators.get(name)
     generator = torch.Generator().manual_seed(3000 + est.code)
     values = make_rewards(sizes, est, torch.float64, generator)
@@ -144,8 +145,8 @@ def test_other_rank_sort_blocks(name, sizes):
 
 @pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
 def test_packed_sort_path_matches_reference(est):
-    """BLOCK=64/128 (tl.sort on packed keys): float64 (two sorts and a binary search) and a
-    narrower dtype (one packed sort), ragged groups with ties."""
+    """BLOCK=64/128 (a group across threads): float64 (two packed sorts) and a narrower dtype
+    (one packed sort), ragged groups with ties."""
     generator = torch.Generator().manual_seed(4000 + est.code)
     narrow = (torch.float32, torch.float16, torch.bfloat16)[est.code % 3]
     for dtype, sizes in ((torch.float64, [40, 1, 64, 33, 0, 7]), (narrow, [100, 3, 65])):
@@ -155,10 +156,10 @@ def test_packed_sort_path_matches_reference(est):
                                  clamp_delta=0.1 if deltas is not None else None)
 
 
-@pytest.mark.parametrize("block_sizes", [[7, 9, 5], [40, 33, 64]], ids=["rank-sort", "packed-sort"])
+@pytest.mark.parametrize("block_sizes", [[7, 9, 5], [40, 33, 64]], ids=["thread-per-group", "group-across-threads"])
 def test_float64_sort_resolves_near_ties(block_sizes):
     """Values one ulp apart, negative values and signed zeros sort by value: the float64 packed sort
-    (two passes over the low and high key halves) and the rank sort compare all 64 bits."""
+    (two passes over the low and high key halves) compares all 64 bits in both layouts."""
     generator = torch.Generator().manual_seed(11)
     parts = []
     for g, n in enumerate(block_sizes):
@@ -238,6 +239,40 @@ def test_public_api_padded_lengths_and_group_ids():
     a = bk.advantages(flat, 2, "maxk", group_ids=ids, backend="triton", small_groups="clamp")
     b = bk.advantages(flat, 2, "maxk", group_ids=ids, backend="torch", small_groups="clamp")
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+BANKED = [e for e in SUPPORTED if e.name in tables.BANK_ESTIMATORS]
+
+
+@pytest.mark.parametrize("est", BANKED, ids=lambda e: e.name)
+def test_public_api_single_k_reads_a_bank(est, monkeypatch):
+    """bk.advantages hands the kernel one k's tables as a bank (tables.single_k_bank) on a full
+    [G, n] layout and on a ragged one with a bound; both equal the reference, in every small-group
+    mode that has a k to use."""
+    from bonkernels.triton import advantages as launcher
+
+    banked = []
+    launch = launcher.launch_arguments
+
+    def spy(*args, **kwargs):
+        banked.append(kwargs.get("bank", args[13] if len(args) > 13 else None) is not None)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(launcher, "launch_arguments", spy)
+    generator = torch.Generator().manual_seed(9000 + est.code)
+    rewards = make_rewards([16] * 6, est, torch.float32, generator).view(6, 16)
+    lengths = torch.tensor([16, 4, 9, 1, 13, 16], device=DEVICE)
+    for k in (1, 2, 5):
+        for mode in ("zero", "clamp"):
+            kw = dict(small_groups=mode, deltas=None)
+            if est.needs_deltas:
+                kw["deltas"] = (torch.rand(6, 16, generator=generator) - 0.5).to(DEVICE)
+            for layout in (dict(), dict(lengths=lengths, max_group_size=16)):
+                a = bk.advantages(rewards, k, est.name, backend="triton", **layout, **kw)
+                b = bk.advantages(rewards, k, est.name, backend="torch", **layout, **kw)
+                torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6,
+                                           msg=f"k={k} {mode} {sorted(layout)}")
+    assert banked and all(banked), banked
 
 
 def test_public_api_options():

@@ -119,6 +119,25 @@ def test_maxrl_matches_its_formula(dtype):
             torch.testing.assert_close(got, want.to(dtype).double(), rtol=rtol, atol=1e-12)
 
 
+def test_maxrl_divides_by_means_near_the_float64_limits():
+    """The kernel divides a group by its mean through one reciprocal per group (_over): a mean
+    beyond 2^1000, below 2^-1000 or subnormal is rescaled first, else its reciprocal would lose
+    bits or overflow. Every group here has the answer of the plain division, to an ulp or so."""
+    groups = [[1e305, 3e305, 2e305, 5e304], [1e-305, 3e-305, 0.0, 2e-305],
+              [3e-310, 1e-309, 0.0, 5e-311], [8e307, 2e307, 0.0, 5e307], [1.0, 3.0, 2.0, 0.5]]
+    sizes = [len(g) for g in groups]
+    flat = [v for g in groups for v in g]
+    values = torch.tensor(flat, dtype=torch.float64, device=DEVICE)
+    for mean_scale in (True, False):
+        got = launch(values, sizes, "maxrl", mean_scale=mean_scale).cpu()
+        want = maxrl_expected(flat, sizes, mean_scale)
+        assert torch.isfinite(got).all(), got
+        # subnormal rewards carry ~40 bits, and their mean rounds at 2^-1074: a looser bound there
+        rtol = torch.tensor([1e-12 if g[0] < 1e-300 and g[0] > 0 else 1e-14
+                             for g in groups for _ in g], dtype=torch.float64)
+        assert ((got - want).abs() <= rtol * want.abs()).all(), (got, want)
+
+
 # ---------------------------------------------------------------- mixtures: bank mode
 
 LINEAR = ("maxk", "passk", "maxk_loo", "maxk_loo_centered", "maxk_loo1", "maxk_offpolicy")
@@ -167,7 +186,7 @@ def test_bank_mode_equals_the_weighted_sum_of_single_k_launches(name, dtype):
     if est.k_margin:
         weights = {1: 0.25, 3: 2.0}
     layouts = [[5, 4, 8, 6, 7]] + ([[40, 4, 33]] if dtype == torch.float64 else [])
-    for sizes in layouts:  # rank sort, packed sort
+    for sizes in layouts:  # a thread per group, a group across threads
         n_total = sum(sizes)
         if est.binary:
             values = (torch.rand(n_total, generator=generator) < 0.5).double()

@@ -94,12 +94,12 @@ def rewards_for(est, sizes, dtype, seed):
 
 # ---------------------------------------------------------------- NaN / inf (checks off)
 
-LAYOUTS = {"rank-f64": ([5, 8, 3, 7], torch.float64), "rank-bf16": ([5, 8, 3, 7], torch.bfloat16),
-           "packed-f64": ([40, 64, 9, 33], torch.float64),
-           "packed-f32": ([40, 64, 9, 33], torch.float32)}
-NON_FINITE_CASES = [(e, "rank-f64") for e in KERNEL_ESTIMATORS] + [
+LAYOUTS = {"lanes-f64": ([5, 8, 3, 7], torch.float64), "lanes-bf16": ([5, 8, 3, 7], torch.bfloat16),
+           "spread-f64": ([40, 64, 9, 33], torch.float64),
+           "spread-f32": ([40, 64, 9, 33], torch.float32)}
+NON_FINITE_CASES = [(e, "lanes-f64") for e in KERNEL_ESTIMATORS] + [
     (_facts.get(name), layout) for name in ("maxk_loo", "maxk_offpolicy", "grpo", "chen_passk")
-    for layout in ("rank-bf16", "packed-f64", "packed-f32")]
+    for layout in ("lanes-bf16", "spread-f64", "spread-f32")]
 
 
 @pytest.mark.parametrize("est,layout", NON_FINITE_CASES,
@@ -234,7 +234,7 @@ def test_wild_offsets_do_not_crash_the_process():
 # ---------------------------------------------------------------- undersized max_group_size
 
 @pytest.mark.parametrize("sizes,hint", [([3, 12, 5, 20], 8), ([70, 9, 200], 64)],
-                         ids=["rank-sort", "packed-sort"])
+                         ids=["thread-per-group", "group-across-threads"])
 def test_groups_above_the_block_are_nan_filled(sizes, hint, monkeypatch):
     guarded = GuardedOutput(monkeypatch)
     est = _facts.get("maxk_loo1")

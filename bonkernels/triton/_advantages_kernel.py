@@ -3,8 +3,18 @@
 One program handles GROUPS groups, each padded to a power-of-two BLOCK (padding sorts last as +inf).
 All arithmetic is float64, as in the reference (docs/conventions.md); the output is cast at the end.
 
-Specialisations (compile-time): the pointer dtypes, BLOCK (with GROUPS and the sort method derived
-from it by the launcher). The estimator, k, the small-group mode, clamping and clipping are runtime
+Specialisations (compile-time): the pointer dtypes, BLOCK (with GROUPS, the number of warps and the
+layout derived from it by the launcher), and DELTAS: whether the off-policy branch is compiled in.
+The thread-per-group kernels come in two, with and without it: a thread that holds a whole group
+runs out of registers on the union of every estimator's tiles.
+
+Two layouts of the [GROUPS, BLOCK] tile, the same code: for small blocks (LANES) each thread holds
+one whole group, so every sort, scan and reduction along a group runs in that thread's registers
+(no shuffles, no barriers); for larger blocks a group is spread over many threads. Triton picks a
+tensor's layout from how it is loaded, so in LANES mode every load and store of a tile goes through
+a flat, sample-major view (`_load`, `_store`): element (g, p) sits at p * GROUPS + g, and thread g
+holds all of group g. Such accesses are not coalesced per instruction (a warp touches 32 groups),
+but the group's lines are reused from L1 by the next columns' loads. The estimator, k, the small-group mode, clamping and clipping are runtime
 scalars, so neither a new estimator nor a new k nor a new group size (within a bucket) recompiles.
 
 Safety without input checks (check_inputs=False): offsets are clamped into the values, a group
@@ -37,12 +47,64 @@ RLOO = tl.constexpr(_facts.code("rloo"))
 DR_GRPO = tl.constexpr(_facts.code("dr_grpo"))
 MAXRL = tl.constexpr(_facts.code("maxrl"))
 ZSCORE_CONSTANT_RTOL = tl.constexpr(_facts.estimators.ZSCORE_CONSTANT_RTOL)
+DIVISOR_HIGH = tl.constexpr(2.0 ** 1000)  # _over rescales divisors beyond 2^+-1000
+DIVISOR_DOWN = tl.constexpr(2.0 ** -600)
 
 
 @triton.jit
-def _suffix_exclusive(v):
+def _flat(t):
+    """A [GROUPS, BLOCK] tile as a flat, sample-major vector (element (g, p) at p * GROUPS + g)."""
+    return tl.reshape(tl.trans(t), [t.numel])
+
+
+@triton.jit
+def _unflat(f, like):
+    """The inverse of _flat, shaped like the tile `like`."""
+    return tl.trans(tl.reshape(f, [like.shape[1], like.shape[0]]))
+
+
+@triton.jit
+def _load(ptrs, mask, other, LANES: tl.constexpr):
+    """tl.load of a tile; in LANES mode through the flat view, so the result keeps a thread per
+    group (a 2-D load would take the layout of its coalescing: a group across threads)."""
+    if LANES:
+        tile = _unflat(tl.load(_flat(ptrs), mask=_flat(mask), other=other), ptrs)
+    else:
+        tile = tl.load(ptrs, mask=mask, other=other)
+    return tile
+
+
+@triton.jit
+def _store(ptrs, values, mask, LANES: tl.constexpr):
+    """tl.store of a tile (through the flat view in LANES mode, as _load)."""
+    if LANES:
+        tl.store(_flat(ptrs), _flat(values), mask=_flat(mask))
+    else:
+        tl.store(ptrs, values, mask=mask)
+
+
+@triton.jit
+def _reverse_cumulative(v, PRODUCT: tl.constexpr, LANES: tl.constexpr):
+    """Inclusive cumulative sum (or product) along the group axis from its end. In LANES mode as
+    flip, forward scan, flip: all in one thread's registers, where Triton 3.6 lowers a reverse
+    scan to warp shuffles even though no other thread holds any of the group."""
+    if LANES:
+        if PRODUCT:
+            out = tl.flip(tl.cumprod(tl.flip(v, dim=1), axis=1), dim=1)
+        else:
+            out = tl.flip(tl.cumsum(tl.flip(v, dim=1), axis=1), dim=1)
+    else:
+        if PRODUCT:
+            out = tl.cumprod(v, axis=1, reverse=True)
+        else:
+            out = tl.cumsum(v, axis=1, reverse=True)
+    return out
+
+
+@triton.jit
+def _suffix_exclusive(v, LANES: tl.constexpr):
     """sum_{t > j} v_t along the group axis."""
-    return tl.cumsum(v, axis=1, reverse=True) - v
+    return _reverse_cumulative(v, False, LANES) - v
 
 
 @triton.jit
@@ -52,7 +114,7 @@ def _prefix_exclusive(v):
 
 
 @triton.jit
-def _max_table(rank, n, k):
+def _max_table(rank, n, k, LANES: tl.constexpr):
     """d_r(n, k) = C(r-1, k-1) / C(n, k) in float64, 0 outside 1 <= r <= n.
 
     `rank` must grow by one along axis 1. Spec 0.1's downward recurrence d_r = d_{r+1} (r+1-k)/r
@@ -66,7 +128,7 @@ def _max_table(rank, n, k):
     kf = k.to(tl.float64)
     links = (rank >= 1) & (rank < n)
     factor = tl.where(links, tl.maximum(rf + 1.0 - kf, 0.0) / tl.maximum(rf, 1.0), 1.0)
-    suffix_product = tl.cumprod(factor, axis=1, reverse=True)
+    suffix_product = _reverse_cumulative(factor, True, LANES)
     return tl.where((rank >= 1) & (rank <= n), kf / tl.maximum(n, 1).to(tl.float64) * suffix_product, 0.0)
 
 
@@ -82,23 +144,6 @@ def _order_key64(x):
     """int64 whose signed order is the float64 order of x (finite values and +inf)."""
     bits = x.to(tl.int64, bitcast=True)
     return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFFFFFFFFFF)
-
-
-@triton.jit
-def _sort_perm_by_rank(keys, cols):
-    """Sorting permutation of each row by rank-by-comparison: O(BLOCK^2), for small blocks.
-
-    Returns perm[g, p] = column of the element at ascending position p (ties by column).
-    """
-    ki = keys[:, :, None]
-    kj = keys[:, None, :]
-    ci = cols[:, :, None]
-    cj = cols[:, None, :]
-    before = (kj < ki) | ((kj == ki) & (cj < ci))
-    rank = tl.sum(before.to(tl.int32), axis=2)
-    # Invert: position p holds the column whose rank is p.
-    hit = rank[:, None, :] == cols[:, :, None]
-    return tl.sum(tl.where(hit, cols[:, None, :], 0), axis=2)
 
 
 @triton.jit
@@ -129,8 +174,17 @@ def _sort_key(raw, real):
 
 
 @triton.jit
-def _sort_perm_by_packed_sort(values_ptr, start, n, key, cols):
-    """Sorting permutation of each row with tl.sort on packed (32-bit key, 32-bit column) int64s."""
+def _float_from_order_key32(bits):
+    """The float32 of an _order_key32 (the map is its own inverse)."""
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LANES: tl.constexpr):
+    """(perm, sorted rewards in float64, 0 at padding) of each row, with tl.sort on packed
+    (32-bit key, 32-bit column) int64s. Keys of 32 bits or less carry the sorted values in the
+    packed words (non-finite rewards come back as 0: their group's output is NaN anyway); float64
+    gathers them."""
     if key.dtype == tl.float64:
         # A float64 key leaves no room for the column: sort twice (least significant digit first),
         # by the low 32 key bits, then by the high 32 bits with ties kept in first-pass order
@@ -140,14 +194,16 @@ def _sort_perm_by_packed_sort(values_ptr, start, n, key, cols):
         first = tl.sort((low << 32) | cols.to(tl.int64), dim=1)
         first_cols = first & 0xFFFF  # column at each first-pass position
         real = first_cols < n
-        again = _sort_key(tl.load(values_ptr + start + first_cols, mask=real, other=0.0), real)
+        again = _sort_key(_load(values_ptr + start + first_cols, real, 0.0, LANES), real)
         high = _order_key64(again) >> 32
         second = tl.sort((high << 32) | (cols.to(tl.int64) << 16) | first_cols, dim=1)
         perm = (second & 0xFFFF).to(tl.int32)
+        x = _load(values_ptr + start + perm, valid, 0.0, LANES)
     else:
         packed = tl.sort((_order_key32(key).to(tl.int64) << 32) | cols.to(tl.int64), dim=1)
         perm = (packed & 0xFFFFFFFF).to(tl.int32)
-    return perm
+        x = tl.where(valid, _float_from_order_key32((packed >> 32).to(tl.int32)), 0.0)
+    return perm, x.to(tl.float64)
 
 
 @triton.jit
@@ -209,17 +265,72 @@ def _bank_block(bank_index_ptr, n, bank_index_len):
 
 
 @triton.jit
-def _bank_row(bank_ptr, block_at, row: tl.constexpr, n, cols, valid):
+def _bank_row(bank_ptr, block_at, row: tl.constexpr, n, cols, valid, LANES: tl.constexpr):
     """Row `row` (0 = D, 1 = O, 2 = Q, 3 = B, 4 = Bp) of the bank block, by sorted rank; 0 when
     the block is missing."""
     at = tl.maximum(block_at, 0) + row * n
-    return tl.load(bank_ptr + at + cols, mask=valid & (block_at >= 0), other=0.0)
+    return _load(bank_ptr + at + cols, valid & (block_at >= 0), 0.0, LANES)
+
+
+@triton.jit
+def _pkpo_s(d, o, x, LANES: tl.constexpr):
+    """PKPO s_j = Bagirov's on-policy weights (spec 2.2): d_j x_j + sum_{t > j} o_t x_t."""
+    return d * x + _suffix_exclusive(o * x, LANES)
+
+
+@triton.jit
+def _over(a, b):
+    """a / b for a divisor b shared by the group ([GROUPS, 1]): one division per group, then per
+    sample a multiply and one correction (within an ulp of a / b; the CUDA kernels' GroupDivisor
+    does the same). A b beyond 2^+-1000 is first scaled by an exact power of two (its reciprocal
+    would lose bits as a subnormal), applied to a too: a * scale underflows or overflows only where
+    a / b does. b = 0, +-inf or NaN give a * (1 / b), as a / b does."""
+    m = tl.abs(b)
+    scale = tl.where(m > DIVISOR_HIGH, DIVISOR_DOWN,
+                     tl.where((m < 1.0 / DIVISOR_HIGH) & (m > 0.0), 1.0 / DIVISOR_DOWN, 1.0))
+    a = a * scale
+    b = b * scale
+    r = 1.0 / b
+    q0 = a * r
+    q1 = tl.fma(tl.fma(-b, q0, a), r, q0)
+    return tl.where(tl.abs(q1) < float("inf"), q1, q0)
 
 
 @triton.jit
 def _rloo_over_n(y, ysum, n, nf, nm1):
     """(x_j - mean of the others)/n, 0 for a singleton."""
-    return tl.where(n >= 2, (y - (ysum - y) / nm1) / nf, 0.0)
+    return tl.where(n >= 2, _over(y - _over(ysum - y, nm1), nf), 0.0)
+
+
+@triton.jit
+def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has_bank, bank_ptr,
+                        bank_index_ptr, n, bank_index_len, cols, rank, rf, kf, d, o, x,
+                        LANES: tl.constexpr):
+    """Bagirov's first-order off-policy weights, O(n) scan form (spec 3.2), and `bad` with the
+    groups whose deltas are not finite."""
+    dl_raw = _load(deltas_ptr + src, valid, 0.0, LANES)
+    # clamp with the bound rounded to the deltas' dtype (as the reference does), compared in
+    # float32 or wider: exact, and the interpreter cannot compare bfloat16
+    dl = _compare_dtype_value(dl_raw)
+    bad = bad | (tl.max(tl.where(valid & ~_is_finite(dl), 1, 0), axis=1)[:, None] > 0)
+    if dl_raw.dtype == tl.float64:
+        bound = clamp_delta
+    else:
+        bound = _cast_like_torch(clamp_delta, dl_raw.dtype).to(tl.float32)
+    if has_clamp != 0:
+        dl = tl.minimum(tl.maximum(dl, -bound), bound)
+    dl = dl.to(tl.float64)
+    below = _prefix_exclusive(dl)
+    if has_bank != 0:
+        q = _bank_row(bank_ptr, _bank_block(bank_index_ptr, n, bank_index_len), 2, n, cols, valid,
+                      LANES)
+    else:
+        q = tl.where(rank >= 3, o * (kf - 2.0) / tl.maximum(rf - 2.0, 1.0), 0.0)
+    s1 = _suffix_exclusive(o * x, LANES)
+    s2 = _suffix_exclusive(o * dl * x, LANES)
+    s3 = _suffix_exclusive(q * below * x, LANES)
+    s4 = _suffix_exclusive(q * x, LANES)
+    return (1.0 + dl) * (d * x + s1) + o * below * x + s2 + s3 - dl * s4, bad
 
 
 # No runtime specialisation beyond the argument types: ints equal to 1 or divisible by 16 would
@@ -227,7 +338,7 @@ def _rloo_over_n(y, ysum, n, nf, nm1):
 # aligned (ragged group starts make vector loads impossible anyway). So the op launches exactly the
 # (dtype, BLOCK) specialisations that aot.py compiles.
 @triton.jit(do_not_specialize=["num_groups", "num_values", "offsets_stride", "bank_index_len", "k",
-                                "code", "k_margin", "uses_k", "natural_mean", "has_bank",
+                                "code", "k_margin", "uses_k", "natural_mean", "has_bank", "sorts",
                                 "small_groups", "has_clamp", "mean_scale", "clamp_delta_bits",
                                 "clip_lo_bits", "clip_hi_bits", "eps_bits"],
             do_not_specialize_on_alignment=["values_ptr", "deltas_ptr", "offsets_ptr", "out_ptr",
@@ -235,11 +346,11 @@ def _rloo_over_n(y, ysum, n, nf, nm1):
 def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, bank_index_ptr,
                       num_groups, num_values: tl.int64, offsets_stride: tl.int64,
                       bank_index_len: tl.int64, k, code, k_margin, uses_k, natural_mean, has_bank,
-                      small_groups, has_clamp,
+                      sorts, small_groups, has_clamp,
                       clamp_delta_bits: tl.int64, clip_lo_bits: tl.int64, clip_hi_bits: tl.int64,
                       mean_scale, eps_bits: tl.int64,
                       BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr, GROUPS: tl.constexpr,
-                      RANK_SORT: tl.constexpr):
+                      LANES: tl.constexpr, DELTAS: tl.constexpr):
     clamp_delta = _float64_from_bits(clamp_delta_bits)
     clip_lo = _float64_from_bits(clip_lo_bits)
     clip_hi = _float64_from_bits(clip_hi_bits)
@@ -262,17 +373,18 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     valid = cols < n  # column p < n, used for both unsorted and sorted positions
 
     # ---- sort: perm[g, p] is the column of the p-th smallest reward (padding is +inf: last)
-    raw = tl.load(values_ptr + start + cols, mask=valid, other=0.0)
+    raw = _load(values_ptr + start + cols, valid, 0.0, LANES)
     finite = _is_finite(_compare_dtype_value(raw))
     bad = (tl.max(tl.where(valid & ~finite, 1, 0), axis=1)[:, None] > 0) | oversize
     key = _sort_key(raw, valid)
-    if RANK_SORT:
-        perm = _sort_perm_by_rank(key, cols)
+    # the sorted keys put the group's samples exactly at the positions p < n; the order-free
+    # estimators (sorts == 0) take the rewards as they come
+    if sorts == 0:
+        perm = cols
+        x = tl.where(valid, raw.to(tl.float64), 0.0)
     else:
-        perm = _sort_perm_by_packed_sort(values_ptr, start, n, key, cols)
-    # the sorted keys put the group's samples exactly at the positions p < n
-    src = start + perm
-    x = tl.load(values_ptr + src, mask=valid, other=0.0).to(tl.float64)  # sorted ascending
+        perm, x = _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LANES)
+    src = start + perm  # x: the rewards, sorted ascending unless order-free; 0 at padding
 
     # ---- per-group k after the small-group rule (docs/conventions.md); a bank ignores k
     kmax = n - k_margin
@@ -285,18 +397,22 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     rank = cols + 1  # 1-based sorted rank j
     rf = rank.to(tl.float64)
 
-    # the weight tables: single-k (spec 0.1), or a mixture's read from the bank (spec 12)
-    if has_bank != 0:
-        block_at = _bank_block(bank_index_ptr, n, bank_index_len)
-        d = _bank_row(bank_ptr, block_at, 0, n, cols, valid)
-        o = _bank_row(bank_ptr, block_at, 1, n, cols, valid)
-    else:
-        d = _max_table(rank, n, ksafe)
-        o = tl.where(rank >= 2, d * (kf - 1.0) / tl.maximum(rf - 1.0, 1.0), 0.0)
-    s = d * x + _suffix_exclusive(o * x)  # PKPO s_j = Bagirov's on-policy weights (spec 2.2)
+    # the weight tables: single-k (spec 0.1), or read from a bank (one k's, or a mixture's: spec
+    # 12); only for the estimators that weight by rank (the others leave them 0 and dead, which
+    # keeps registers free where a thread holds a whole group)
+    d = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
+    o = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
+    if (sorts != 0) & (code != TANG_LOO) & (code != BON_MAX_MEAN) & (code != BON_MAX_SECOND):
+        if has_bank != 0:
+            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
+            d = _bank_row(bank_ptr, block_at, 0, n, cols, valid, LANES)
+            o = _bank_row(bank_ptr, block_at, 1, n, cols, valid, LANES)
+        else:
+            d = _max_table(rank, n, ksafe, LANES)
+            o = tl.where(rank >= 2, d * (kf - 1.0) / tl.maximum(rf - 1.0, 1.0), 0.0)
 
     # shifted rewards: every estimator below that is shift-invariant uses y for accuracy
-    xmin = _first_column(x, cols)
+    xmin = tl.min(tl.where(valid, x, float("inf")), axis=1)[:, None]  # x[:, 0] when sorted
     y = tl.where(valid, x - xmin, 0.0)
     xtop = tl.max(tl.where(valid, x, float("-inf")), axis=1)[:, None]
     ysum = _row_sum(y)
@@ -305,57 +421,37 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
 
     result = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
     if (code == MAXK) | (code == PASSK):
-        result = s
+        result = _pkpo_s(d, o, x, LANES)
     elif (code == MAXK_LOO) | (code == MAXK_LOO_CENTERED):
         # s_j - c max@k(x without j) = s_j - sum_{t<j} B_t x_t - sum_{t>j} Bp_t x_t with
         # B = c d(n-1, k) and Bp its shift by one rank, c = k/(n-1) or k/n (spec 2.3)
         if has_bank != 0:
             block_at = _bank_block(bank_index_ptr, n, bank_index_len)
-            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
-            above = _bank_row(bank_ptr, block_at, 4, n, cols, valid)
+            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
+            above = _bank_row(bank_ptr, block_at, 4, n, cols, valid, LANES)
         else:
             c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
-            below = c * _max_table(rank, n - 1, ksafe)
-            above = c * _max_table(rank - 1, n - 1, ksafe)  # the rest-set weight of rank j-1
-        result = s - (_prefix_exclusive(below * x) + _suffix_exclusive(above * x))
+            below = c * _max_table(rank, n - 1, ksafe, LANES)
+            above = c * _max_table(rank - 1, n - 1, ksafe, LANES)  # the rest-set weight of rank j-1
+        result = _pkpo_s(d, o, x, LANES) - (_prefix_exclusive(below * x) + _suffix_exclusive(above * x, LANES))
     elif code == MAXK_LOO1:
         # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
         # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
         if has_bank != 0:
             block_at = _bank_block(bank_index_ptr, n, bank_index_len)
             d_eff = d
-            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid)
+            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
             w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
         else:
             d_eff = tl.where(ksafe >= 2, d, 0.0)
-            below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe) * (kf - 1.0) / rf, 0.0)
+            below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe, LANES) * (kf - 1.0) / rf, 0.0)
             w1 = tl.where(ksafe == 1, 1.0, 0.0).to(tl.float64)
         result = d_eff * y - _prefix_exclusive(below * y) + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
     elif code == MAXK_OFFPOLICY:
-        # Bagirov first-order off-policy weights, O(n) scan form (spec 3.2)
-        dl_raw = tl.load(deltas_ptr + src, mask=valid, other=0.0)
-        # clamp with the bound rounded to the deltas' dtype (as the reference does), compared in
-        # float32 or wider: exact, and the interpreter cannot compare bfloat16
-        dl = _compare_dtype_value(dl_raw)
-        bad = bad | (tl.max(tl.where(valid & ~_is_finite(dl), 1, 0), axis=1)[:, None] > 0)
-        if dl_raw.dtype == tl.float64:
-            bound = clamp_delta
-        else:
-            bound = _cast_like_torch(clamp_delta, dl_raw.dtype).to(tl.float32)
-        if has_clamp != 0:
-            dl = tl.minimum(tl.maximum(dl, -bound), bound)
-        dl = dl.to(tl.float64)
-        below = _prefix_exclusive(dl)
-        if has_bank != 0:
-            q = _bank_row(bank_ptr, _bank_block(bank_index_ptr, n, bank_index_len), 2, n, cols,
-                          valid)
-        else:
-            q = tl.where(rank >= 3, o * (kf - 2.0) / tl.maximum(rf - 2.0, 1.0), 0.0)
-        s1 = _suffix_exclusive(o * x)
-        s2 = _suffix_exclusive(o * dl * x)
-        s3 = _suffix_exclusive(q * below * x)
-        s4 = _suffix_exclusive(q * x)
-        result = (1.0 + dl) * (d * x + s1) + o * below * x + s2 + s3 - dl * s4
+        if DELTAS:  # compile-time: only in the kernels that off-policy launches use
+            result, bad = _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp,
+                                              has_bank, bank_ptr, bank_index_ptr, n,
+                                              bank_index_len, cols, rank, rf, kf, d, o, x, LANES)
     elif code == TANG_LOO:
         second = _row_sum(tl.where(cols == n - 2, x, 0.0))
         result = tl.where((cols == n - 1) & (n >= 2), xtop - second, 0.0)
@@ -370,14 +466,14 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         # z-score of s (spec 3.3; reference.zscore, group_math.h zscore_emit), computed from the
         # shifted rewards (s shifts by a constant, the z-score does not): a constant group has s
         # exactly 0, hence exactly 0 output at any eps
-        s_y = tl.where(valid, d * y + _suffix_exclusive(o * y), 0.0)
+        s_y = tl.where(valid, d * y + _suffix_exclusive(o * y, LANES), 0.0)
         s_first = _first_column(s_y, cols)
         dev = tl.where(valid, s_y - (s_first + _row_sum(tl.where(valid, s_y - s_first, 0.0)) /
                                      tl.maximum(nf, 1.0)), 0.0)
         std = tl.sqrt(_row_sum(dev * dev) / nm1)
-        scale = tl.max(tl.where(valid, tl.abs(s), 0.0), axis=1)[:, None]
+        scale = tl.max(tl.where(valid, tl.abs(_pkpo_s(d, o, x, LANES)), 0.0), axis=1)[:, None]
         constant = (std <= ZSCORE_CONSTANT_RTOL * scale) | (n < 2)
-        result = tl.where(constant, 0.0, dev / (std + eps))
+        result = tl.where(constant, 0.0, _over(dev, std + eps))
     elif code == CHEN_PASSK:
         # ((n/k) s_i - R) / (sigma + eps) with the failure probabilities (spec 6; the names of
         # reference.chen_passk and group_math.h): miss_k = 1 - R = C(n-c,k)/C(n,k), and for a
@@ -386,7 +482,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         wrong = valid & (x == 0.0)
         miss_k = _row_sum(tl.where(wrong, d, 0.0))
         n_wrong = tl.sum(wrong.to(tl.int32), axis=1)[:, None]
-        d_rest = _max_table(rank, n - 1, tl.maximum(ksafe - 1, 1))
+        d_rest = _max_table(rank, n - 1, tl.maximum(ksafe - 1, 1), LANES)
         miss_rest = tl.where(ksafe == 1, 1.0, _row_sum(tl.where(rank < n_wrong, d_rest, 0.0)))
         sigma = tl.sqrt((1.0 - miss_k) * miss_k)
         a_pos = miss_k / (sigma + eps)
@@ -432,29 +528,29 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         dev = tl.where(valid, yu - ysum_u / tl.maximum(nf, 1.0), 0.0)
         if code == GRPO:
             std = tl.sqrt(_row_sum(dev * dev) / nm1)
-            result = tl.where((n >= 2) & (std > 0.0), dev / (std + eps * inv), 0.0)
+            result = tl.where((n >= 2) & (std > 0.0), _over(dev, std + eps * inv), 0.0)
         elif code == RLOO:
-            result = tl.where(n >= 2, (yu - (ysum_u - yu) / nm1) * unit, 0.0)
+            result = tl.where(n >= 2, (yu - _over(ysum_u - yu, nm1)) * unit, 0.0)
         else:
             result = dev * unit
     elif code == MAXRL:
         # (x_j - mean) / mean, mean = x_min + mean(y); 0 when the mean is 0 and for a singleton
         mean = xmin + ymean
-        result = tl.where((n >= 2) & (mean != 0.0), (y - ymean) / mean, 0.0)
+        result = tl.where((n >= 2) & (mean != 0.0), _over(y - ymean, mean), 0.0)
 
     # ---- natural scale -> requested scale, small-group zeroing, clip, NaN, cast, scatter back
     if (mean_scale != 0) & (natural_mean == 0):
         result = result * nf
     elif (mean_scale == 0) & (natural_mean != 0):
-        result = result / tl.maximum(nf, 1.0)
+        result = _over(result, tl.maximum(nf, 1.0))
     result = tl.where(zero_group, 0.0, result)
     if has_bank != 0:  # a group size without a bank block
         bad = bad | ((_bank_block(bank_index_ptr, n, bank_index_len) < 0) & (n >= 1))
     result = _clip_keeping_nan(result, clip_lo, clip_hi)
     result = tl.where(bad, float("nan"), result)
     # addressed and gated by the source column: each sample of the group is written exactly once
-    tl.store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty),
-             mask=(src - start) < n)
+    _store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty), (src - start) < n,
+           LANES)
 
     # ---- the rest of a group larger than BLOCK (only with an undersized max_group_size)
     rest_end = tl.max(tl.where(oversize_g, n_all_g, 0), axis=0)
@@ -463,5 +559,5 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         at = chunk + cols
         nan_out = _cast_like_torch(tl.full([GROUPS, BLOCK], float("nan"), tl.float64),
                                    out_ptr.dtype.element_ty)
-        tl.store(out_ptr + start + at, nan_out, mask=oversize & (at < n_all))
+        _store(out_ptr + start + at, nan_out, oversize & (at < n_all), LANES)
         chunk += BLOCK

@@ -14,7 +14,8 @@ import torch
 
 MIN_BLOCK = 8
 MAX_BLOCK = 4096  # larger groups: use another backend (one group's packed sort fits one program)
-RANK_SORT_MAX_BLOCK = 32  # O(n^2) rank-by-comparison below this; tl.sort on packed keys above
+LANE_MAX_BLOCK = 16  # a thread per group up to this block (see the kernel's module docstring)
+LANE_WARPS = 1  # warps per program in lane mode: 32 groups each, so G = 1024 fills 32 programs
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
                       torch.float64: "fp64"}
@@ -24,8 +25,9 @@ TRITON_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float
 class LaunchConfig:
     block: int  # power of two >= every group size of the launch
     groups: int  # groups per program (power of two)
-    rank_sort: bool
     num_warps: int
+    lanes: bool  # a thread per group (see the kernel's module docstring)
+    deltas: bool = True  # the off-policy branch compiled in (always, but for on-policy lanes)
 
     @property
     def log2_block(self) -> int:
@@ -33,7 +35,7 @@ class LaunchConfig:
 
     def constexprs(self) -> dict:
         return {"BLOCK": self.block, "LOG2_BLOCK": self.log2_block, "GROUPS": self.groups,
-                "RANK_SORT": self.rank_sort}
+                "LANES": self.lanes, "DELTAS": self.deltas}
 
 
 def block_for(max_group_size: int) -> int:
@@ -49,15 +51,22 @@ def block_for(max_group_size: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def config_for_block(block: int) -> LaunchConfig:
-    if block <= RANK_SORT_MAX_BLOCK:
-        # The comparison tile is groups * block * block: 2048 elements (16 per thread), which
-        # also keeps programs small enough that G = 1024 groups of 16 fill a GPU (128 programs).
-        return LaunchConfig(block, max(1, 2048 // (block * block)), True, 4)
+def config_for_block(block: int, deltas: bool = True) -> LaunchConfig:
+    """The launch of a block; `deltas`: whether the estimator reads deltas (only the
+    thread-per-group kernels leave the off-policy branch out when it does not)."""
+    if block <= LANE_MAX_BLOCK:
+        # one group per thread, a group's tables, sort and scans in its registers
+        return LaunchConfig(block, 32 * LANE_WARPS, LANE_WARPS, True, deltas)
     # at least 512 elements per program, 2-4 per thread: many warps keep the sort's code small
     # (compile time grows with the elements per thread) and give big groups enough threads
     groups = max(1, 512 // block)
-    return LaunchConfig(block, groups, False, min(32, max(4, groups * block // 64)))
+    return LaunchConfig(block, groups, min(32, max(4, groups * block // 64)), False)
+
+
+def all_configs() -> list[LaunchConfig]:
+    """Every launch configuration (two per thread-per-group block), smallest block first."""
+    return list(dict.fromkeys(config_for_block(block, deltas) for block in all_blocks()
+                              for deltas in (False, True)))
 
 
 def all_blocks() -> list[int]:

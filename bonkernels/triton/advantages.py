@@ -59,7 +59,7 @@ def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo
     """(grid, positional arguments, keyword arguments) of the kernel launch."""
     est = estimator_for_launch(code, deltas, bank)
     num_groups = offsets.numel() - 1
-    config = _config.config_for_block(block)
+    config = _config.config_for_block(block, est.needs_deltas)
     grid = (triton.cdiv(num_groups, config.groups),)
     # Tensors the kernel does not read still need a pointer of the right type: deltas only for
     # the off-policy estimators, the bank only in bank mode.
@@ -70,7 +70,7 @@ def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo
     args = (values, deltas_arg, offsets, out, bank_arg, bank_index_arg,
             num_groups, values.numel(), offsets.stride(0), bank_index_arg.numel(),
             k, est.code, est.k_margin, int(est.uses_k), int(_facts.natural_mean(est)),
-            int(has_bank), small_groups, int(clamp_delta is not None),
+            int(has_bank), int(not est.order_free), small_groups, int(clamp_delta is not None),
             float64_bits(clamp_delta if clamp_delta is not None else 0.0), float64_bits(clip_lo),
             float64_bits(clip_hi), int(mean_scale), float64_bits(eps))
     return grid, args, dict(num_warps=config.num_warps, **config.constexprs())

@@ -5,8 +5,9 @@ CI compiles each specialisation for real GPU targets:
 
     python -m bonkernels.triton.aot --arch 80 90        # TRITON_INTERPRET must be unset
 
-A specialisation is (values dtype, BLOCK): the estimator, k and every option are runtime
-arguments, and BLOCK fixes the groups per program and the sort method (see _config.py).
+A specialisation is (values dtype, BLOCK, and for the thread-per-group blocks whether the
+off-policy branch is in): the estimator, k and every option are runtime arguments, and BLOCK fixes
+the groups per program and the layout (see _config.py).
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ class Specialisation:
 
     def describe(self) -> str:
         c = self.config
-        sort = "rank" if c.rank_sort else "tl.sort"
-        return (f"{self.dtype_name} BLOCK={c.block} GROUPS={c.groups} sort={sort} "
+        layout = "a thread per group" if c.lanes else "a group across threads"
+        layout += "" if c.deltas else ", on-policy"
+        return (f"{self.dtype_name} BLOCK={c.block} GROUPS={c.groups} ({layout}) "
                 f"num_warps={c.num_warps}")
 
 
 def specialisations() -> list[Specialisation]:
     """Every (dtype, block) the launcher can choose."""
-    return [Specialisation(_config.TRITON_DTYPE_NAMES[dtype], _config.config_for_block(block))
-            for dtype in _config.VALUE_DTYPES for block in _config.all_blocks()]
+    return [Specialisation(_config.TRITON_DTYPE_NAMES[dtype], config)
+            for dtype in _config.VALUE_DTYPES for config in _config.all_configs()]
 
 
 def _signature(dtype_name: str) -> dict:
@@ -48,11 +50,11 @@ def _signature(dtype_name: str) -> dict:
         "bank_ptr": "*fp64", "bank_index_ptr": "*i64",
         "num_groups": "i32", "num_values": "i64", "offsets_stride": "i64",
         "bank_index_len": "i64", "k": "i32", "code": "i32", "k_margin": "i32", "uses_k": "i32",
-        "natural_mean": "i32", "has_bank": "i32", "small_groups": "i32", "has_clamp": "i32",
+        "natural_mean": "i32", "has_bank": "i32", "sorts": "i32", "small_groups": "i32", "has_clamp": "i32",
         "clamp_delta_bits": "i64", "clip_lo_bits": "i64", "clip_hi_bits": "i64",
         "mean_scale": "i32", "eps_bits": "i64",
         "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr", "GROUPS": "constexpr",
-        "RANK_SORT": "constexpr",
+        "LANES": "constexpr", "DELTAS": "constexpr",
     }
 
 
