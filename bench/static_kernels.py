@@ -23,8 +23,9 @@ Registers, stack, local (spill) memory and static shared memory come from ``cuob
 
 Triton: bonkernels/triton/aot.py's compile path (fp32, the blocks that cover n in
 {8, 16, 32, 64, 1024, 4096}): build ``fp32`` is the kernel with every estimator (code at run
-time; at BLOCK <= 16 the on-policy calls launch its twin without the off-policy branch); ``<estimator>/fp32`` makes the code, has_bank (1 for the estimators that read one k's bank
-in a single-k call) and the sort compile-time constants (analysis only).
+time; at BLOCK <= 16 the on-policy calls launch its twin without the off-policy branch);
+``<estimator>/fp32`` makes the code, has_bank (1 for the estimators that read one k's bank in a
+single-k call) and the sort compile-time constants (analysis only).
 Registers and spills from ``ptxas -v`` on its PTX, shared memory from the compiled metadata, SASS
 from its cubin.
 

@@ -6,7 +6,9 @@ All arithmetic is float64, as in the reference (docs/conventions.md); the output
 Specialisations (compile-time): the pointer dtypes, BLOCK (with GROUPS, the number of warps and the
 layout derived from it by the launcher), and DELTAS: whether the off-policy branch is compiled in.
 The thread-per-group kernels come in two, with and without it: a thread that holds a whole group
-runs out of registers on the union of every estimator's tiles.
+runs out of registers on the union of every estimator's tiles. The estimator, k, the small-group
+mode, clamping and clipping are runtime scalars, so neither a new estimator nor a new k nor a new
+group size (within a bucket) recompiles.
 
 Two layouts of the [GROUPS, BLOCK] tile, the same code: for small blocks (LANES) each thread holds
 one whole group, so every sort, scan and reduction along a group runs in that thread's registers
@@ -14,8 +16,7 @@ one whole group, so every sort, scan and reduction along a group runs in that th
 tensor's layout from how it is loaded, so in LANES mode every load and store of a tile goes through
 a flat, sample-major view (`_load`, `_store`): element (g, p) sits at p * GROUPS + g, and thread g
 holds all of group g. Such accesses are not coalesced per instruction (a warp touches 32 groups),
-but the group's lines are reused from L1 by the next columns' loads. The estimator, k, the small-group mode, clamping and clipping are runtime
-scalars, so neither a new estimator nor a new k nor a new group size (within a bucket) recompiles.
+but the group's lines are reused from L1 by the next columns' loads.
 
 Safety without input checks (check_inputs=False): offsets are clamped into the values, a group
 larger than BLOCK or with a NaN/inf reward (or delta) gets NaN for every sample, and every store is
@@ -433,7 +434,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
             c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
             below = c * _max_table(rank, n - 1, ksafe, LANES)
             above = c * _max_table(rank - 1, n - 1, ksafe, LANES)  # the rest-set weight of rank j-1
-        result = _pkpo_s(d, o, x, LANES) - (_prefix_exclusive(below * x) + _suffix_exclusive(above * x, LANES))
+        result = _pkpo_s(d, o, x, LANES) - (_prefix_exclusive(below * x)
+                                            + _suffix_exclusive(above * x, LANES))
     elif code == MAXK_LOO1:
         # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
         # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
@@ -444,7 +446,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
             w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
         else:
             d_eff = tl.where(ksafe >= 2, d, 0.0)
-            below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe, LANES) * (kf - 1.0) / rf, 0.0)
+            below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe, LANES) * (kf - 1.0) / rf,
+                             0.0)
             w1 = tl.where(ksafe == 1, 1.0, 0.0).to(tl.float64)
         result = d_eff * y - _prefix_exclusive(below * y) + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
     elif code == MAXK_OFFPOLICY:
