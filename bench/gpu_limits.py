@@ -5,7 +5,10 @@
 
 Every call is ``bk.advantages(rewards, 4, estimator, check_inputs=False, max_group_size=n,
 backend=B)`` on float32 [G, n] rewards ~ U(0, 1) (maxk_offpolicy: with deltas and clamp_delta), for
-B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo. Measured:
+B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo; ``triton-spread`` is
+the Triton backend with its thread-per-group layout turned off (a group spread over many threads,
+as every block used before the lanes), timed beside it at n <= 16 as an A/B of the two layouts.
+Measured:
 
 * bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 128, 512, 1024, 4096): the time of one call
   (CUDA events, L2 flushed before each repetition; bench/timing.py), the bytes it must move
@@ -24,6 +27,7 @@ under 15 us per call. Writes gpu_limits.json and REPORT.md into the --out folder
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -45,6 +49,31 @@ TARGET_FRACTION = {"cuda": 0.70, "triton": 0.50}
 TARGET_KERNEL_US, TARGET_WALL_US = 5.0, 15.0
 
 
+SPREAD = "triton-spread"  # the Triton backend without its thread-per-group layout (an A/B)
+
+
+@contextlib.contextmanager
+def spread_layout():
+    """The Triton launcher picks a group spread over many threads at every block (its launch
+    configurations are recomputed on the way in and out)."""
+    from bonkernels.triton import _config
+
+    saved = _config.LANE_MAX_BLOCK
+    _config.LANE_MAX_BLOCK = 0
+    _config.config_for_block.cache_clear()
+    try:
+        yield
+    finally:
+        _config.LANE_MAX_BLOCK = saved
+        _config.config_for_block.cache_clear()
+
+
+def _lane_max_block() -> int:
+    from bonkernels.triton import _config  # pure Python: imports no triton
+
+    return _config.LANE_MAX_BLOCK
+
+
 def make_call(backend: str, estimator: str, G: int, n: int, device: str, seed: int = 0):
     """(call, bytes moved per call) for one cell; the inputs live on ``device``."""
     import bonkernels as bk
@@ -57,6 +86,13 @@ def make_call(backend: str, estimator: str, G: int, n: int, device: str, seed: i
         kwargs.update(deltas=((torch.rand(G, n, generator=g) - 0.5) * 0.2).to(device), clamp_delta=CLAMP_DELTA)
         nbytes += 4 * G * n
     k = None if estimator == "grpo" else K
+    if backend == SPREAD:
+        kwargs["backend"] = "triton"
+
+        def spread_call():
+            with spread_layout():
+                return bk.advantages(rewards, k, estimator, **kwargs)
+        return spread_call, nbytes
 
     def call():
         return bk.advantages(rewards, k, estimator, **kwargs)
@@ -90,6 +126,8 @@ def bandwidth_rows(backends, clock: Clock, device: str, n_samples: int, ns, log)
         copy_bps = 8 * G * n / copy_s
         del src, dst
         for backend in backends:
+            if backend == SPREAD and n > _lane_max_block():
+                continue  # the same kernel as triton's there
             for est in ESTIMATORS:
                 call, nbytes = make_call(backend, est, G, n, device)
                 try:
@@ -201,7 +239,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--dry-run", action="store_true", help="the CPU kernel, tiny sizes: checks the flow (CI)")
-    ap.add_argument("--backends", help="a subset, e.g. cuda (default: cuda,triton)")
+    ap.add_argument("--backends", help=f"a subset, e.g. cuda (default: cuda,triton,{SPREAD})")
     ap.add_argument("--ns", help="group sizes of the bandwidth cells, e.g. 8,16,32 (default: all)")
     a = ap.parse_args(argv)
     if a.dry_run:
@@ -210,7 +248,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("[gpu_limits] no CUDA device (use --dry-run on a CPU machine)", file=sys.stderr)
             return 2
-        device, backends, n_samples, ns, small_calls = "cuda", ("cuda", "triton"), 1 << 24, NS, 1000
+        device, backends, n_samples, ns, small_calls = "cuda", ("cuda", "triton", SPREAD), 1 << 24, NS, 1000
     if a.backends:  # a quick A/B run of two builds needs only some cells
         backends = tuple(b for b in a.backends.split(",") if b)
     if a.ns:

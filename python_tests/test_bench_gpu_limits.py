@@ -42,3 +42,15 @@ def test_cells_can_be_narrowed(tmp_path):
     assert gl.main(["--dry-run", "--backends", "cpu", "--ns", "8", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "gpu_limits.json").read_text())
     assert {(r["backend"], r["n"]) for r in data["bandwidth"]} == {("cpu", 8)}
+
+
+def test_spread_layout_switches_the_triton_launch_and_restores_it():
+    """The A/B cell triton-spread: inside the context every block launches the layout with a group
+    spread over many threads; outside, the blocks up to LANE_MAX_BLOCK are lanes again."""
+    from bonkernels.triton import _config
+
+    small = _config.LANE_MAX_BLOCK
+    assert _config.config_for_block(small).lanes
+    with gl.spread_layout():
+        assert not any(_config.config_for_block(b).lanes for b in _config.all_blocks())
+    assert _config.config_for_block(small).lanes and _config.LANE_MAX_BLOCK == small
