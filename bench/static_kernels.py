@@ -3,7 +3,7 @@ issue-time versus memory-time estimate for an H200.
 
     python -m bench.static_kernels                 # CUDA (all variants) + Triton (fp32); writes
                                                    # bench/results/static_sm90/
-    python -m bench.static_kernels --no-triton     # CUDA only (about 1 min: one nvcc at a time)
+    python -m bench.static_kernels --no-triton     # CUDA only (about 6 min on 2 cores: one nvcc at a time)
     python -m bench.static_kernels --quick --out D # one small build and variant (the test's mode)
     python -m bench.static_kernels --source-rev REV --no-triton --out D
                                                    # the CUDA kernels of another git revision

@@ -5,6 +5,11 @@ Public API (nothing else is public):
     advantages(rewards, k=None, estimator="maxk_loo1", *, k_weights=None, offsets=None, lengths=None,
                group_ids=None, deltas=None, clamp_delta=None, clip=None, scale="mean", backend="auto",
                small_groups="error", eps=1e-6, check_inputs=True, max_group_size=None)
+    prepare_advantages(k=None, estimator="maxk_loo1", *, group_size, k_weights=None, clamp_delta=None,
+                       clip=None, scale="mean", backend="auto", small_groups="error", eps=1e-6,
+                       dtype=torch.float32, device="cpu") -> AdvantagesPlan
+                                              plan(rewards [G, group_size], deltas=None): advantages
+                                              for a hot loop, everything but the values checked once
     pass_at_k(correct, k=None, *, k_weights=None, offsets=None, lengths=None, group_ids=None)
     max_at_k(rewards, k=None, *, k_weights=None, offsets=None, lengths=None, group_ids=None)
     maxrl_weights(T)                          -> (1, 1/2, ..., 1/T): MaxRL's order-T truncation
@@ -22,10 +27,11 @@ See docs/conventions.md for what each estimator computes and docs/spec.md for th
 from .estimators import BON_RLB_DEFAULT_CLIP, ESTIMATORS
 from .loss import policy_loss
 from .objective import maxk_objective
+from .plan import AdvantagesPlan, prepare_advantages
 from .ops import BACKENDS, advantages, max_at_k, pass_at_k
 from .tables import anneal_k_weights, maxrl_weights
 
 __version__ = "0.1.0"
 
-__all__ = ["advantages", "pass_at_k", "max_at_k", "policy_loss", "maxk_objective", "ESTIMATORS", "BACKENDS", "BON_RLB_DEFAULT_CLIP",
+__all__ = ["advantages", "prepare_advantages", "AdvantagesPlan", "pass_at_k", "max_at_k", "policy_loss", "maxk_objective", "ESTIMATORS", "BACKENDS", "BON_RLB_DEFAULT_CLIP",
            "maxrl_weights", "anneal_k_weights"]

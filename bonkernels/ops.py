@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import backends, estimators, reference, tables, validation
-from .groups import make_layout
+from .groups import GroupLayout, make_layout
 from .validation import FLOAT_DTYPES
 
 BACKENDS = backends.CHOICES
@@ -65,6 +65,38 @@ def advantages(rewards: torch.Tensor, k: Optional[int] = None, estimator: str = 
         are constants: ``rewards`` and ``deltas`` are detached on every backend, so the result
         never requires grad and no gradient flows into them.
     """
+    call = _resolve_call(rewards, k, estimator, k_weights=k_weights, offsets=offsets, lengths=lengths,
+                         group_ids=group_ids, deltas=deltas, clamp_delta=clamp_delta, clip=clip,
+                         scale=scale, backend=backend, small_groups=small_groups, eps=eps,
+                         check_inputs=check_inputs, max_group_size=max_group_size)
+    return call.layout.unpack(call.run())
+
+
+@dataclasses.dataclass
+class _Call:
+    """One advantages call, checked and dispatched, ready to run: its packed inputs, the backend
+    row with its scalar arguments and table bank, or (row None) a mixture summed over single-k
+    reference calls. bonkernels/plan.py keeps all but the tensors for the next calls."""
+
+    est: estimators.Estimator
+    layout: GroupLayout
+    values: torch.Tensor
+    deltas: Optional[torch.Tensor]
+    params: backends.Params
+    row: Optional[backends.Backend]
+    bank: dict
+    weights: Optional[tuple]
+
+    def run(self) -> torch.Tensor:
+        """The packed advantages."""
+        if self.row is None:
+            return _sum_over_k(self.values, self.layout, self.deltas, self.weights, self.est, self.params)
+        return backends.run(self.row, self.values, self.layout.offsets, self.deltas, self.params, **self.bank)
+
+
+def _resolve_call(rewards, k, estimator, *, k_weights, offsets, lengths, group_ids, deltas, clamp_delta,
+                  clip, scale, backend, small_groups, eps, check_inputs, max_group_size) -> _Call:
+    """Every check of bk.advantages, the layout, the backend row and the bank of one call."""
     est = estimators.get(estimator)
     validation.check_tensor("rewards", rewards)
     rewards = rewards.detach()                 # advantages are constants on every backend
@@ -97,7 +129,7 @@ def advantages(rewards: torch.Tensor, k: Optional[int] = None, estimator: str = 
 
     if weights is not None and est.name in tables.SUM_OVER_K_ESTIMATORS:
         backends.select(backend, values, est, max_group_size)       # the backend checks only
-        return layout.unpack(_sum_over_k(values, layout, packed_deltas, weights, est, params))
+        return _Call(est, layout, values, packed_deltas, params, None, {}, weights)
     row = backends.select(backend, values, est, max_group_size, mixture=weights is not None)
     bank = {}
     full_size = rewards.shape[1] if layout.kind == "full" else None
@@ -109,7 +141,7 @@ def advantages(rewards: torch.Tensor, k: Optional[int] = None, estimator: str = 
         one_k = tables.single_k_bank(est.name, params.k, max_group_size, full_size, small_code, values.device)
         if one_k is not None:
             bank["bank"], bank["bank_index"] = one_k
-    return layout.unpack(backends.run(row, values, layout.offsets, packed_deltas, params, **bank))
+    return _Call(est, layout, values, packed_deltas, params, row, bank, weights)
 
 
 def _resolve_k(k, k_weights, est: estimators.Estimator):

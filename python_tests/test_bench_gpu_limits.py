@@ -15,9 +15,13 @@ def test_verdicts_apply_the_targets():
                  {"backend": "triton", "estimator": "maxk_loo1", "G": 1 << 20, "n": 16, "fraction_of_copy": 0.45},
                  {"backend": "cuda", "estimator": "maxk_loo1", "G": 1 << 18, "n": 64, "fraction_of_copy": 0.1}]
     small = [{"backend": "cuda", "estimator": "grpo", "G": 1024, "n": 16, "kernel_us": 4.0, "wall_us": 16.0},
-             {"backend": "cuda", "estimator": "maxk", "G": 1024, "n": 16, "kernel_us": 3.0, "wall_us": 9.0}]
+             {"backend": "cuda", "estimator": "maxk", "G": 1024, "n": 16, "kernel_us": 3.0, "wall_us": 9.0},
+             {"backend": "plan:cuda", "estimator": "grpo", "G": 1024, "n": 16, "kernel_us": 4.0, "wall_us": 12.0},
+             {"backend": "triton-spread", "estimator": "grpo", "G": 1024, "n": 16, "kernel_us": 4.0,
+              "wall_us": 12.0}]
     lines = gl.verdicts(bandwidth, small)
-    assert len(lines) == 4                                # the n = 64 row has no target
+    assert len(lines) == 5                                # the n = 64 and the A/B rows have no target
+    assert lines[4].startswith("plan:cuda") and lines[4].endswith(": met")  # a prepared call, checks off
     assert lines[0].endswith(": met") and "72%" in lines[0]
     assert lines[1].endswith("NOT met")                   # triton below 50 %
     assert lines[2].endswith("NOT met")                   # wall 16 us >= 15 us
@@ -33,6 +37,8 @@ def test_dry_run_measures_every_cell(tmp_path):
     # every estimator, and one torch op as the floor of a call from Python
     assert {r["estimator"] for r in data["small_batch"]} == set(gl.ESTIMATORS) | {"copy_ (one launch)"}
     assert [r["backend"] for r in data["small_batch"]].count("torch") == 1
+    # each backend's call prepared once beside it (bk.prepare_advantages)
+    assert {r["estimator"] for r in data["small_batch"] if r["backend"] == "plan:cpu"} == set(gl.ESTIMATORS)
     assert all(r["wall_us"] > 0 and r["kernel_us"] is None for r in data["small_batch"])  # no GPU: no profiler
     assert (tmp_path / "REPORT.md").read_text().startswith("# GPU limits")
 

@@ -275,6 +275,24 @@ def test_public_api_single_k_reads_a_bank(est, monkeypatch):
     assert banked and all(banked), banked
 
 
+@pytest.mark.parametrize("name", ["maxk_loo1", "maxk_offpolicy", "grpo", "bon_mean"])
+def test_prepared_call_equals_advantages(name):
+    """bk.prepare_advantages on the Triton backend: the same values as bk.advantages with checks
+    off, for several batch sizes (one plan, no new checks per call)."""
+    est = estimators.get(name)
+    generator = torch.Generator().manual_seed(77)
+    clamp = 0.2 if est.needs_deltas else None
+    plan = bk.prepare_advantages(3, name, group_size=16, backend="triton", clamp_delta=clamp,
+                                 device=DEVICE)
+    for G in (1, 40):
+        rewards = torch.rand(G, 16, generator=generator).to(DEVICE)
+        deltas = ((torch.rand(G, 16, generator=generator) - 0.5) * 0.5).to(DEVICE) \
+            if est.needs_deltas else None
+        want = bk.advantages(rewards, 3, name, deltas=deltas, clamp_delta=clamp, backend="triton",
+                             check_inputs=False, max_group_size=16)
+        assert torch.equal(plan(rewards, deltas), want)
+
+
 def test_public_api_options():
     generator = torch.Generator().manual_seed(8)
     binary = (torch.rand(5, 8, generator=generator) < 0.3).double().to(DEVICE)
