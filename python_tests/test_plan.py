@@ -112,3 +112,16 @@ def test_nan_rewards_follow_the_unchecked_contract():
     out = plan(rewards)
     assert torch.isnan(out[0]).all()
     assert torch.equal(out[1:], bk.advantages(rewards[1:], 2, "maxk_loo1", backend="cpu"))
+
+
+@pytest.mark.skipif("cpu" not in CPU_BACKENDS, reason="the compiled extension is not built")
+def test_torch_compile_fullgraph_traces_a_plan():
+    plan = bk.prepare_advantages(4, "maxk_loo1", group_size=8, backend="cpu")
+    rewards = torch.rand(6, 8, generator=torch.Generator().manual_seed(9))
+
+    def step(r):
+        a = plan(r)
+        return (a * 2.0).sum(), a
+
+    total, a = torch.compile(step, fullgraph=True, backend="aot_eager")(rewards)
+    assert torch.equal(a, plan(rewards)) and torch.allclose(total, 2 * a.sum())
