@@ -337,7 +337,7 @@ def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has
 # No runtime specialisation beyond the argument types: ints equal to 1 or divisible by 16 would
 # otherwise each get their own compilation, and so would pointers that are or are not 16-byte
 # aligned (ragged group starts make vector loads impossible anyway). So the op launches exactly the
-# (dtype, BLOCK) specialisations that aot.py compiles.
+# (dtype, BLOCK, DELTAS) specialisations that aot.py compiles.
 @triton.jit(do_not_specialize=["num_groups", "num_values", "offsets_stride", "bank_index_len", "k",
                                 "code", "k_margin", "uses_k", "natural_mean", "has_bank", "sorts",
                                 "small_groups", "has_clamp", "mean_scale", "clamp_delta_bits",
