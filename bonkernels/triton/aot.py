@@ -35,7 +35,7 @@ class Specialisation:
 
 
 def specialisations() -> list[Specialisation]:
-    """Every (dtype, block) the launcher can choose."""
+    """Every (dtype, launch configuration) the launcher can choose."""
     return [Specialisation(_config.TRITON_DTYPE_NAMES[dtype], config)
             for dtype in _config.VALUE_DTYPES for config in _config.all_configs()]
 
