@@ -67,7 +67,7 @@ QUICK_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 32)), (64, (33, 64)
 # 2 each with --quick or --dry-run)
 TRITON_SHARDS = 4
 SECTIONS = ("kernels", "triton", "adversarial-native", "adversarial-triton", "streams", "graphs", "api",
-            "policy_loss")
+            "plans", "policy_loss")
 
 
 def log(msg: str = "") -> None:
@@ -790,6 +790,85 @@ def section_api(ctx):
 
 # ----------------------------------------------------------------------------- policy loss
 
+def section_plans(ctx):
+    """bk.prepare_advantages on each backend: every call equals bk.advantages with checks off, bit
+    for bit (the first call and the next ones: a Triton plan launches its compiled kernel directly
+    from its second call), and the float64 reference; on a GPU also on a side stream and replayed
+    from a CUDA graph."""
+    rep = ctx.report
+    torch = ctx.torch
+    bk = ctx.bk
+    backends = (["cuda"] if ctx.cuda else ["cpu"]) + (["triton"] if ctx.triton is not None else [])
+    dtypes = (torch.float32, torch.bfloat16) if ctx.quick else (torch.float32, torch.bfloat16, torch.float64)
+    ns, Gs = ((5, 16), (1, 37)) if ctx.quick else ((5, 16, 64), (1, 37, 1000))
+    for backend in backends:
+        for name in ("maxk_loo1", "maxk_offpolicy", "grpo", "maxk", "maxrl"):
+            est = ctx.estimators.get(name)
+            for dtype in dtypes:
+                for n in ns:
+                    options = dict(clamp_delta=0.25 if est.needs_deltas else None, backend=backend)
+                    for k_weights in ((None, bk.maxrl_weights(n)) if name == "maxk_loo1" else (None,)):
+                        k = None if k_weights is not None else 2
+                        what = f"plan {backend} {name} {str(dtype)[6:]} n={n}{' k_weights' if k_weights else ''}"
+                        try:
+                            plan = bk.prepare_advantages(k, name, group_size=n, k_weights=k_weights,
+                                                         dtype=dtype, device=ctx.device, **options)
+                            problem = None
+                            for G in Gs:
+                                values, offsets, deltas = ctx.batch([n] * G, est, dtype)
+                                r, d = ctx.dev(values).view(G, n), ctx.dev(deltas)
+                                d = None if d is None else d.view(G, n)
+                                same = bk.advantages(r, k, name, deltas=d, k_weights=k_weights, check_inputs=False,
+                                                     max_group_size=n, **options)
+                                for call in range(3):
+                                    got = plan(r, d)
+                                    if not torch.equal(got, same):
+                                        problem = f"G={G} call {call}: differs from bk.advantages"
+                                        break
+                                if problem is None and k_weights is None:
+                                    problem = ctx.compare(got.reshape(-1), ctx.want(
+                                        args_for(ctx, est, values, offsets, deltas,
+                                                 (dtype, True, (-math.inf, math.inf), 1e-6, 2, 2), n)), dtype)
+                                if problem is not None:
+                                    problem = f"G={G}: {problem}"
+                                    break
+                            if problem is None and ctx.cuda:
+                                problem = _plan_on_streams_and_graphs(ctx, plan, est, n, dtype)
+                            if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct:
+                                problem = "the Triton plan never launched its compiled kernel directly"
+                        except Exception as error:
+                            problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                        rep.check("plans", what, problem)
+
+
+def _plan_on_streams_and_graphs(ctx, plan, est, n, dtype):
+    """A plan's call on a side stream, then captured in a CUDA graph and replayed on new inputs."""
+    torch = ctx.torch
+    G = 300
+    values, _, deltas = ctx.batch([n] * G, est, dtype)
+    static_r = ctx.dev(values).view(G, n)
+    static_d = None if deltas is None else ctx.dev(deltas).view(G, n)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        first = [plan(static_r, static_d) for _ in range(2)][-1]
+    torch.cuda.current_stream().wait_stream(side)
+    if not torch.equal(first, plan(static_r, static_d)):
+        return "a side stream's call differs"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = plan(static_r, static_d)
+    new_values, _, new_deltas = ctx.batch([n] * G, est, dtype)
+    static_r.copy_(ctx.dev(new_values).view(G, n))
+    if static_d is not None:
+        static_d.copy_(ctx.dev(new_deltas).view(G, n))
+    graph.replay()
+    torch.cuda.synchronize()
+    if not torch.equal(static_out, plan(static_r, static_d)):
+        return "a CUDA graph's replay differs from a call on the same inputs"
+    return None
+
+
 def section_policy_loss(ctx):
     rep = ctx.report
     torch = ctx.torch
@@ -933,7 +1012,7 @@ SECTION_FUNCS = {"kernels": section_kernels, "triton": section_triton,
                  "adversarial-native": lambda ctx: adversarial(ctx, "native"),
                  "adversarial-triton": lambda ctx: adversarial(ctx, "triton"),
                  "streams": section_streams, "graphs": section_graphs, "api": section_api,
-                 "policy_loss": section_policy_loss, "timing": section_timing}
+                 "plans": section_plans, "policy_loss": section_policy_loss, "timing": section_timing}
 
 
 def child(args) -> int:
@@ -1043,6 +1122,9 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=420,
                         help="whole-script budget (checks past it FAIL; one H200 took 245 s without the "
                              "bare-nvcc route)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated sections to run, e.g. plans,graphs (default: all; the "
+                             "sanitizer and timing jobs only when named)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sanitize-target", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sections", default=",".join(SECTIONS), help=argparse.SUPPRESS)
@@ -1080,19 +1162,31 @@ def main() -> int:
     # 2. the checks: each group of sections in its own interpreter, all at once (one crashed CUDA
     # context loses one group; the GPU is shared, correctness is not affected)
     env_extra = {"TRITON_INTERPRET": "1"} if (not cuda and args.dry_run) else {}
-    groups = [("core", ["kernels", "streams", "graphs", "api"], env_extra),
+    groups = [("core", ["kernels", "streams", "graphs", "api", "plans"], env_extra),
               ("policy_loss", ["policy_loss"], env_extra), ("adversarial-native", ["adversarial-native"], env_extra)]
     shards = TRITON_SHARDS if (cuda and not args.quick) else 2  # 2: the dry run covers the sharding too
     for i in range(shards):
         shard_env = dict(env_extra, BK_GPU_CHECK_SHARD=f"{i}/{shards}")
         groups += [(f"triton-{i}", ["triton"], shard_env), (f"adversarial-triton-{i}", ["adversarial-triton"], shard_env)]
+    only = None if args.only is None else {name for name in args.only.split(",") if name}
+    if only is not None:
+        unknown = only - set(SECTIONS) - {"sanitizer", "timing"}
+        if unknown:
+            log(f"[gpu_check] --only: unknown sections {sorted(unknown)} (known: {', '.join(SECTIONS)}, "
+                "sanitizer, timing)")
+            return 2
+        groups = [(name, [s for s in sections if s in only], env) for name, sections, env in groups]
+        groups = [group for group in groups if group[1]]
+        summary["notes"].append(f"--only {args.only}: the other sections did not run")
     check_deadline = args.deadline_s - 30  # leave time for the timing table and the summary
     budget = check_deadline - elapsed() - 20  # children stop themselves (and say so) before being killed
     jobs = [Job(args, name, scratch, sections, env, budget_s=budget) for name, sections, env in groups]
     # 3. compute-sanitizer on every CUDA kernel variant, alongside
     sanitizer = find_sanitizer() if cuda else None
     sec = summary["sections"].setdefault("sanitizer", {"passed": 0, "failed": [], "skipped": []})
-    if not cuda:
+    if only is not None and "sanitizer" not in only:
+        sec["skipped"].append("not named in --only")
+    elif not cuda:
         jobs.append(Job(args, "sanitize-plain", scratch, env_extra=env_extra, sanitize=True))
         sec["skipped"].append("no CUDA device: the sanitizer target ran without compute-sanitizer")
     elif sanitizer is None:
@@ -1141,7 +1235,9 @@ def main() -> int:
             failed.append(f"{job.name}: " + ("timed out (not every check ran)" if rc is None else f"exit status {rc}"))
 
     # 5. timing (informational; a crash still fails)
-    if args.deadline_s - elapsed() > 15:
+    if only is not None and "timing" not in only:
+        pass
+    elif args.deadline_s - elapsed() > 15:
         job = Job(args, "timing", scratch, ["timing"], env_extra)
         rc = job.wait(args.deadline_s - 2)
         for line in job.output().splitlines():

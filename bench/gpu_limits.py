@@ -18,7 +18,9 @@ Measured:
   call's CUDA kernel durations), the wall time per call (1,000 calls back to back, one sync at the
   end) and the replay time per call of a CUDA graph holding 100 calls; the same for one torch op
   of one kernel (``out.copy_``), the floor of any call from Python, and for each backend B the
-  same call prepared once (``plan:B``, ``bk.prepare_advantages``: no per-call checks or dispatch).
+  same call prepared once (``plan:B``, ``bk.prepare_advantages``: no per-call checks or dispatch);
+* crossover, n = 16, G from 1,024 to 262,144: the kernels' time per call of triton and
+  triton-spread, to find the batch size from which a thread per group pays.
 
 The issue's targets, checked in the report: at N = 16M, n = 16 at least 70 % of the copy
 bandwidth for cuda and 50 % for triton; at G = 1024, n = 16 a kernel time under 5 us and a wall time
@@ -203,6 +205,24 @@ def small_batch_rows(backends, clock: Clock, device: str, G: int, n: int, calls:
     return rows
 
 
+CROSSOVER_GS = (1024, 4096, 16384, 65536, 262144)
+
+
+def crossover_rows(backends, clock: Clock, device: str, Gs, n: int, log) -> list[dict]:
+    """Kernel time per call against the batch size at one group size: where the thread-per-group
+    layout (triton) overtakes the spread one (triton-spread), which wins on small batches."""
+    rows = []
+    for G in Gs:
+        for backend in backends:
+            for est in ("maxk_loo1", "grpo"):
+                call, _ = make_call(backend, est, G, n, device)
+                call()
+                seconds = kernel_seconds(call) if clock.cuda else clock.seconds(call)
+                rows.append({"backend": backend, "estimator": est, "G": G, "n": n, "kernel_us": seconds * 1e6})
+                log(f"[gpu_limits] crossover {backend} {est} G={G} n={n}: {seconds * 1e6:.1f} us")
+    return rows
+
+
 def _replay_seconds(graph) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -228,7 +248,7 @@ def verdicts(bandwidth: list[dict], small: list[dict]) -> list[str]:
     return lines
 
 
-def report(meta: dict, bandwidth: list[dict], small: list[dict]) -> str:
+def report(meta: dict, bandwidth: list[dict], small: list[dict], crossover: list[dict] = ()) -> str:
     md = [f"# GPU limits ({meta['date_utc']})", "", f"`python -m bench.gpu_limits {meta['options']}` on "
           f"{meta.get('gpu', meta.get('host_cpu', '?'))}, torch {meta.get('torch', '?')}.", "",
           "| backend | estimator | G | n | time us | GB/s | copy GB/s | of copy |", "|---|---|---|---|---|---|---|---|"]
@@ -239,6 +259,9 @@ def report(meta: dict, bandwidth: list[dict], small: list[dict]) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     md += [f"| {r['backend']} | {r['estimator']} | {r['G']} | {r['n']} | {fmt(r['wall_us'])} | {fmt(r['kernel_us'])} | "
            f"{fmt(r['graph_replay_us'])} |" for r in small]
+    if crossover:
+        md += ["", "| backend | estimator | G | n | kernels us/call |", "|---|---|---|---|---|"]
+        md += [f"| {r['backend']} | {r['estimator']} | {r['G']:,} | {r['n']} | {r['kernel_us']:.1f} |" for r in crossover]
     md += ["", "Targets:", ""] + [f"* {line}" for line in verdicts(bandwidth, small)] + [""]
     return "\n".join(md)
 
@@ -249,6 +272,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="the CPU kernel, tiny sizes: checks the flow (CI)")
     ap.add_argument("--backends", help=f"a subset, e.g. cuda (default: cuda,triton,{SPREAD})")
     ap.add_argument("--ns", help="group sizes of the bandwidth cells, e.g. 8,16,32 (default: all)")
+    ap.add_argument("--no-crossover", action="store_true",
+                    help="skip the kernel time against G at n = 16 (triton and triton-spread)")
     a = ap.parse_args(argv)
     if a.dry_run:
         device, backends, n_samples, ns, small_calls = "cpu", ("cpu",), 1 << 12, (8, 16, 64), 20
@@ -266,14 +291,20 @@ def main(argv=None) -> int:
     clock = Clock(device)
     bandwidth = bandwidth_rows(backends, clock, device, n_samples, ns, log)
     small = small_batch_rows(backends, clock, device, 1024 if not a.dry_run else 64, 16, small_calls, log)
+    crossover = []
+    if not a.no_crossover:
+        pair = [b for b in backends if b in ("triton", SPREAD)] if device == "cuda" else list(backends)
+        Gs = CROSSOVER_GS if device == "cuda" else (16, 64)
+        crossover = crossover_rows(pair, clock, device, Gs, 16, log) if pair else []
     meta = environment.describe(torch.device(device), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     meta.update(date_utc=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 options=" ".join(sys.argv[1:] if argv is None else argv), torch=torch.__version__)
     if device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
     with open(os.path.join(a.out, "gpu_limits.json"), "w") as f:
-        json.dump({"meta": meta, "bandwidth": bandwidth, "small_batch": small}, f, indent=1)
-    text = report(meta, bandwidth, small)
+        json.dump({"meta": meta, "bandwidth": bandwidth, "small_batch": small, "crossover": crossover}, f,
+                  indent=1)
+    text = report(meta, bandwidth, small, crossover)
     with open(os.path.join(a.out, "REPORT.md"), "w") as f:
         f.write(text)
     print(text)

@@ -86,7 +86,8 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
                       bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The backend interface (same semantics as ``bonkernels.reference.advantages_packed``).
 
-    One fused kernel launch for the whole batch. ``max_group_size`` (a Python int bound on every
+    One fused kernel launch for the whole batch. Contiguous ``values`` of any shape are read flat
+    and the result has their shape (a plan passes ``[G, n]`` rewards as they are). ``max_group_size`` (a Python int bound on every
     group size) spares the CUDA path a host sync; the CPU path never syncs. With ``out`` the result
     is written into that tensor (every element is written; tests poison it first) and returned.
     ``bank``/``bank_index`` (float64 / int64, on the values' device) are the mixture tables of a
@@ -98,7 +99,27 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
             None if clamp_delta is None else float(clamp_delta), float(clip_lo), float(clip_hi),
             bool(mean_scale), int(small_groups), float(eps),
             None if max_group_size is None else int(max_group_size))
+    # the bank goes positionally: keywords cost torch's op call about 2 us
     if out is None:
-        return _ops.advantages_packed(*args, bank=bank, bank_index=bank_index)
-    _ops.advantages_packed_out(*args, out, bank=bank, bank_index=bank_index)
+        return _ops.advantages_packed(*args, bank, bank_index)
+    _ops.advantages_packed_out(*args, out, bank, bank_index)
     return out
+
+
+def prepare(k: int, estimator_code: int, clamp_delta: Optional[float], clip_lo: float, clip_hi: float,
+            mean_scale: bool, small_groups: int, eps: float, max_group_size: Optional[int], *,
+            bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None):
+    """``advantages_packed`` with everything but the tensors fixed and converted once: returns
+    call(values, offsets, deltas) for a plan (bonkernels/plan.py), which has checked the arguments
+    with a checked call. Values of any contiguous shape are read flat; the result has their shape."""
+    if _ops is None:
+        _require(torch.empty(0))
+    tail = (int(k), int(estimator_code), None if clamp_delta is None else float(clamp_delta),
+            float(clip_lo), float(clip_hi), bool(mean_scale), int(small_groups), float(eps),
+            None if max_group_size is None else int(max_group_size), bank, bank_index)
+    op = _ops.advantages_packed
+
+    def call(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor]) -> torch.Tensor:
+        return op(values, offsets, deltas, *tail)
+
+    return call

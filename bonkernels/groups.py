@@ -190,9 +190,10 @@ def full_offsets(G: int, n: int, device: torch.device) -> torch.Tensor:
             return torch.zeros(G + 1, dtype=torch.int64, device=device)
         return torch.arange(0, G * n + 1, n, dtype=torch.int64, device=device)
 
-    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    cuda = device.type == "cuda"
+    if torch.compiler.is_compiling() or (cuda and torch._C._cuda_isCurrentStreamCapturing()):
         return fresh()
-    key = (G, n, device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None)
+    key = (G, n, device, _current_stream_handle(device) if cuda else None)
     hit = _FULL_OFFSETS.get(key)
     if hit is not None:
         return hit
@@ -201,6 +202,14 @@ def full_offsets(G: int, n: int, device: torch.device) -> torch.Tensor:
         _FULL_OFFSETS.pop(next(iter(_FULL_OFFSETS)))  # the oldest shape
     _FULL_OFFSETS[key] = offsets
     return offsets
+
+
+def _current_stream_handle(device: torch.device) -> int:
+    """torch's current stream on a CUDA device, as its raw handle. The private getter Triton's
+    launcher also uses: torch.cuda.current_stream builds a Stream object, a few microseconds a
+    small call feels."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def _check_offsets(offsets: torch.Tensor, N: int) -> None:

@@ -40,6 +40,7 @@ class AdvantagesPlan:
         self._impl = call.row.impl
         self._args = call.params.args()
         self._bank = call.bank
+        self._run = _prepared(self.backend, self._args, self._bank)
 
     def __call__(self, rewards: torch.Tensor, deltas: Optional[torch.Tensor] = None) -> torch.Tensor:
         n = self.group_size
@@ -51,18 +52,35 @@ class AdvantagesPlan:
         if (deltas is not None) != self._needs_deltas:
             raise ValueError(f"{self.estimator} {'needs' if self._needs_deltas else 'takes no'} deltas")
         G = rewards.shape[0]
-        values = rewards.detach().reshape(-1)
+        if rewards.requires_grad:
+            rewards = rewards.detach()
         if deltas is not None:
             if deltas.shape != rewards.shape or deltas.device != rewards.device:
                 raise ValueError(f"deltas must be shaped like the rewards {tuple(rewards.shape)} on "
                                  f"{rewards.device}, got {tuple(deltas.shape)} on {deltas.device}")
-            deltas = deltas.detach().reshape(-1).to(self.dtype)
-        out = self._impl(values, full_offsets(G, n, self.device), deltas, *self._args, **self._bank)
-        return out.view(G, n)
+            deltas = deltas.detach().to(self.dtype)
+        offsets = full_offsets(G, n, self.device)
+        if self._run is None or torch.compiler.is_compiling():
+            # the backend interface on packed values (what torch.compile traces)
+            flat_deltas = None if deltas is None else deltas.reshape(-1)
+            return self._impl(rewards.reshape(-1), offsets, flat_deltas, *self._args, **self._bank).view(G, n)
+        return self._run(rewards, offsets, deltas)  # reads [G, n] as it is and returns [G, n]
 
     def __repr__(self) -> str:
         return (f"AdvantagesPlan({self.estimator!r}, group_size={self.group_size}, backend={self.backend!r}, "
                 f"dtype={self.dtype}, device={self.device})")
+
+
+def _prepared(backend: str, args: tuple, bank: dict):
+    """The backend's call with its arguments bound once, on [G, n] tensors; None where a backend
+    has none (the reference)."""
+    if backend in ("cpu", "cuda"):
+        from . import _native
+        return _native.prepare(*args, **bank)
+    if backend == "triton":
+        from .triton import advantages as triton_advantages
+        return triton_advantages.prepare(*args, **bank)
+    return None
 
 
 def prepare_advantages(k: Optional[int] = None, estimator: str = "maxk_loo1", *, group_size: int,

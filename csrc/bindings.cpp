@@ -1,5 +1,8 @@
 // Registers the fused op for the CPU and (when compiled in) CUDA dispatch keys:
 //   bonkernels::advantages_packed(...) -> Tensor        the functional op
+//                                                       (values of any shape are read flat, in
+//                                                       row-major order: a plan passes [G, n]
+//                                                       rewards and gets [G, n] back, no views)
 //   bonkernels::advantages_packed_out(..., out) -> ()   writes into a caller's tensor (tests poison it)
 //   bonkernels::build_info() -> int                     bit 0: CUDA kernels compiled in; bit 1: by the
 //                                                       torch-CUDA route (CUDAExtension), not bare nvcc
@@ -82,7 +85,6 @@ void check_tensors(const at::Tensor& values, const at::Tensor& offsets, const st
                        (values.scalar_type() == at::kFloat || values.scalar_type() == at::kDouble ||
                         values.scalar_type() == at::kHalf || values.scalar_type() == at::kBFloat16),
                    "bonkernels: values must be float16/bfloat16/float32/float64, got ", values.scalar_type());
-  TORCH_CHECK_VALUE(values.dim() == 1, "bonkernels: values must be a 1-D tensor");
   TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, "bonkernels: offsets must be int64");
   TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.numel() >= 1, "bonkernels: offsets must be a 1-D tensor of G+1 entries");
   TORCH_CHECK_VALUE(offsets.device() == values.device(), "bonkernels: offsets is on ", offsets.device(),

@@ -18,6 +18,8 @@ import torch
 
 pytest.importorskip("triton")
 
+import triton.language as tl  # noqa: E402
+
 from bonkernels import estimators  # noqa: E402
 from bonkernels.triton import _config  # noqa: E402
 
@@ -182,6 +184,57 @@ def test_launches_use_exactly_the_compiled_specialisations():
             expected = _config.config_for_block(block, clamp is not None).constexprs()
             assert constexprs == {(advantages_kernel.arg_names.index(key),): value
                                   for key, value in expected.items()}
+
+
+def test_direct_launch_passes_what_tritons_launch_passes():
+    """From a plan's second call, PreparedLaunch calls the compiled kernel's launcher itself. It
+    must pass what Triton's own launch passes it: the arguments Triton's binder binds, in order,
+    the constexprs last in signature order (the test above shows the compiled kernel is the same
+    for every k, group count and alignment, so one kept kernel serves every call)."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError as error:  # a private API of triton 3.x
+        pytest.skip(f"triton internals moved: {error}")
+    from bonkernels.triton.advantages import PreparedLaunch, advantages_kernel, estimator_for_launch
+
+    binder = create_function_from_signature(advantages_kernel.signature, advantages_kernel.params,
+                                            make_backend(GPUTarget("cuda", 90, 32)))
+    values = torch.rand(40)
+    offsets = torch.tensor([0, 16, 30, 40])
+    bank = torch.zeros(30, dtype=torch.float64)
+    bank_index = torch.zeros(17, dtype=torch.int64)
+    for name, block, with_bank in (("maxk_loo1", 16, False), ("maxk_loo1", 16, True),
+                                   ("maxk_offpolicy", 16, False), ("grpo", 64, False)):
+        est = estimators.get(name)
+        deltas = values * 0.1 if est.needs_deltas else None
+        launch = PreparedLaunch(estimator_for_launch(est.code, deltas, bank if with_bank else None), 3,
+                                0.2 if deltas is not None else None, -math.inf, 1.5, True, 2, 1e-4,
+                                block, with_bank)
+        _, args = launch.arguments(values, offsets, deltas, torch.empty_like(values),
+                                   bank if with_bank else None, bank_index if with_bank else None)
+        bound, _, _ = binder(*args, **launch.kwargs)
+        direct = args + launch._constexpr_values
+        assert list(bound) == advantages_kernel.arg_names and len(direct) == len(bound)
+        for arg, (key, want) in zip(direct, bound.items()):
+            assert arg is want if isinstance(want, torch.Tensor) else arg == want, (name, key)
+
+
+def test_kernel_constants_are_never_copied():
+    """Triton compares every global constant of a kernel with a deep copy at each launch; the
+    kernel's constants copy to themselves, so that comparison is an identity check."""
+    import copy
+
+    from bonkernels.triton import _advantages_kernel as kernel
+
+    constants = {name: value for name, value in vars(kernel).items() if isinstance(value, tl.constexpr)}
+    assert len(constants) >= 20
+    for name, value in constants.items():
+        assert isinstance(value, kernel._Constant), name
+        assert copy.deepcopy(value) is value and not (value != value), name
+    assert kernel.MAXK != kernel._Constant(kernel.MAXK.value + 1)
+    assert not (kernel.MAXK != kernel._Constant(kernel.MAXK.value))
 
 
 # ---------------------------------------------------------------- device rules, registration

@@ -58,22 +58,80 @@ def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo
                      mean_scale, small_groups, eps, block, bank=None, bank_index=None):
     """(grid, positional arguments, keyword arguments) of the kernel launch."""
     est = estimator_for_launch(code, deltas, bank)
-    num_groups = offsets.numel() - 1
-    config = _config.config_for_block(block, est.needs_deltas)
-    grid = (triton.cdiv(num_groups, config.groups),)
-    # Tensors the kernel does not read still need a pointer of the right type: deltas only for
-    # the off-policy estimators, the bank only in bank mode.
-    deltas_arg = deltas if est.needs_deltas else values
-    has_bank = bank is not None
-    bank_arg = bank if has_bank else values.new_empty(1, dtype=torch.float64)
-    bank_index_arg = bank_index if has_bank else offsets
-    args = (values, deltas_arg, offsets, out, bank_arg, bank_index_arg,
-            num_groups, values.numel(), offsets.stride(0), bank_index_arg.numel(),
-            k, est.code, est.k_margin, int(est.uses_k), int(_facts.natural_mean(est)),
-            int(has_bank), int(not est.order_free), small_groups, int(clamp_delta is not None),
-            float64_bits(clamp_delta if clamp_delta is not None else 0.0), float64_bits(clip_lo),
-            float64_bits(clip_hi), int(mean_scale), float64_bits(eps))
-    return grid, args, dict(num_warps=config.num_warps, **config.constexprs())
+    launch = PreparedLaunch(est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
+                            block, bank is not None)
+    grid, args = launch.arguments(values, offsets, deltas, out, bank, bank_index)
+    return grid, args, launch.kwargs
+
+
+class PreparedLaunch:
+    """Everything of a launch but its tensors, computed once: the configuration, the scalar
+    arguments, and (on a GPU) the compiled kernel, which a plan's calls then launch directly.
+
+    Triton's own launch (`kernel[grid](...)`) binds and specialises every argument and compares
+    every global constant of the kernel on each call: tens of microseconds, several times the
+    kernel of a small batch. Every integer argument of the kernel is unspecialised and no pointer
+    is specialised on alignment, so for one estimator, dtype and block the compiled kernel is
+    always the same and can be kept after the first launch."""
+
+    def __init__(self, est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, block,
+                 has_bank):
+        self.est = est
+        self.has_bank = has_bank
+        self.config = _config.config_for_block(block, est.needs_deltas)
+        self.scalars = (min(int(k), 2**31 - 1), est.code, est.k_margin, int(est.uses_k),
+                        int(_facts.natural_mean(est)), int(has_bank), int(not est.order_free),
+                        int(small_groups), int(clamp_delta is not None),
+                        float64_bits(clamp_delta if clamp_delta is not None else 0.0),
+                        float64_bits(clip_lo), float64_bits(clip_hi), int(mean_scale), float64_bits(eps))
+        self.kwargs = dict(num_warps=self.config.num_warps, **self.config.constexprs())
+        # the constexprs as the compiled launcher takes them: after the others, in signature order
+        self._constexpr_values = tuple(self.kwargs[name] for name in advantages_kernel.arg_names
+                                       if name in self.kwargs)
+        self._compiled = {}  # CUDA device index -> the compiled kernel
+
+    @property
+    def direct(self) -> bool:
+        """Whether a compiled kernel is kept (the next launches on its device go direct)."""
+        return bool(self._compiled)
+
+    def arguments(self, values, offsets, deltas, out, bank, bank_index):
+        """(grid, positional arguments) for these tensors."""
+        num_groups = offsets.numel() - 1
+        # Tensors the kernel does not read still need a pointer of the right type: deltas only for
+        # the off-policy estimators, the bank only in bank mode.
+        deltas_arg = deltas if self.est.needs_deltas else values
+        bank_arg = bank if self.has_bank else values.new_empty(1, dtype=torch.float64)
+        bank_index_arg = bank_index if self.has_bank else offsets
+        args = (values, deltas_arg, offsets, out, bank_arg, bank_index_arg,
+                num_groups, values.numel(), offsets.stride(0), bank_index_arg.numel()) + self.scalars
+        return (triton.cdiv(num_groups, self.config.groups),), args
+
+    def launch(self, grid, args, values):
+        """Launch on the values' device and its current stream; directly once compiled there."""
+        index = values.device.index
+        compiled = self._compiled.get(index) if values.is_cuda else None
+        # (a count of groups beyond int32 changes the kernel's argument type: Triton's launch)
+        if compiled is None or args[6] >= 2**31 or _launch_hooks_set():
+            with _launch_guard(values):
+                compiled = advantages_kernel[grid](*args, **self.kwargs)
+            if values.is_cuda and _directly_launchable(compiled):
+                self._compiled[index] = compiled
+            return
+        with _config.device_guard(values) if torch._C._cuda_getDevice() != index else nullcontext():
+            compiled.run(grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(index), compiled.function,
+                         compiled.packed_metadata, None, None, None, *args, *self._constexpr_values)
+
+
+def _launch_hooks_set() -> bool:
+    """A profiler's launch hooks (Triton's knobs) need Triton's own launch, which calls them."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    return runtime is None or runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+
+
+def _directly_launchable(compiled) -> bool:
+    """Whether a launch returned a compiled kernel of the shape PreparedLaunch calls (Triton 3.x)."""
+    return all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))
 
 
 def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
@@ -122,6 +180,30 @@ def _direct(values, offsets, deltas, k, code, clamp_delta, clip_lo, clip_hi, mea
     _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
             small_groups, eps, block, bank, bank_index, None)
     return out
+
+
+def prepare(k: int, estimator_code: int, clamp_delta: Optional[float], clip_lo: float, clip_hi: float,
+            mean_scale: bool, small_groups: int, eps: float, max_group_size: int, *,
+            bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None):
+    """`advantages_packed` with everything but the tensors fixed: returns call(values, offsets,
+    deltas) for a plan (bonkernels/plan.py), which has checked the arguments with a checked call.
+    Values of any contiguous shape are read flat; the result has their shape. Eager only."""
+    est = estimator_for_launch(estimator_code, True, bank)  # (a plan passes the deltas it needs)
+    launch = PreparedLaunch(est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
+                            _config.block_for(max(int(max_group_size), 0)), bank is not None)
+
+    def call(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor]) -> torch.Tensor:
+        values = values.contiguous()
+        out = torch.empty_like(values)
+        if values.numel() == 0 or offsets.numel() <= 1:
+            return out
+        grid, args = launch.arguments(values, offsets, None if deltas is None else deltas.contiguous(),
+                                      out, bank, bank_index)
+        launch.launch(grid, args, values)
+        return out
+
+    call.launch = launch  # (the GPU check asks it whether its launches went direct)
+    return call
 
 
 def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor],
