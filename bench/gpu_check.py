@@ -834,7 +834,7 @@ def section_plans(ctx):
                                     break
                             if problem is None and ctx.cuda:
                                 problem = _plan_on_streams_and_graphs(ctx, plan, est, n, dtype)
-                            if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct:
+                            if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct_launches:
                                 problem = "the Triton plan never launched its compiled kernel directly"
                         except Exception as error:
                             problem = f"raised {type(error).__name__}: {str(error)[:300]}"

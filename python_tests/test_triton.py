@@ -221,6 +221,25 @@ def test_direct_launch_passes_what_tritons_launch_passes():
             assert arg is want if isinstance(want, torch.Tensor) else arg == want, (name, key)
 
 
+def test_direct_launch_leaves_launch_hooks_to_triton():
+    """With no launch hook set a plan launches directly; a profiler's hook (Triton's knobs, chains
+    that are never None in Triton 3.6) sends every launch back through Triton, which calls it."""
+    import triton
+
+    from bonkernels.triton.advantages import _launch_hooks_set
+
+    assert not _launch_hooks_set()
+    runtime = triton.knobs.runtime
+    hook = lambda metadata: None  # noqa: E731
+    for chain in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        chain.add(hook)
+        try:
+            assert _launch_hooks_set()
+        finally:
+            chain.remove(hook)
+    assert not _launch_hooks_set()
+
+
 def test_kernel_constants_are_never_copied():
     """Triton compares every global constant of a kernel with a deep copy at each launch; the
     kernel's constants copy to themselves, so that comparison is an identity check."""

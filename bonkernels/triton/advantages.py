@@ -89,11 +89,7 @@ class PreparedLaunch:
         self._constexpr_values = tuple(self.kwargs[name] for name in advantages_kernel.arg_names
                                        if name in self.kwargs)
         self._compiled = {}  # CUDA device index -> the compiled kernel
-
-    @property
-    def direct(self) -> bool:
-        """Whether a compiled kernel is kept (the next launches on its device go direct)."""
-        return bool(self._compiled)
+        self.direct_launches = 0  # (the GPU check asks whether launches went direct)
 
     def arguments(self, values, offsets, deltas, out, bank, bank_index):
         """(grid, positional arguments) for these tensors."""
@@ -118,15 +114,20 @@ class PreparedLaunch:
             if values.is_cuda and _directly_launchable(compiled):
                 self._compiled[index] = compiled
             return
+        self.direct_launches += 1
         with _config.device_guard(values) if torch._C._cuda_getDevice() != index else nullcontext():
             compiled.run(grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(index), compiled.function,
                          compiled.packed_metadata, None, None, None, *args, *self._constexpr_values)
 
 
 def _launch_hooks_set() -> bool:
-    """A profiler's launch hooks (Triton's knobs) need Triton's own launch, which calls them."""
+    """A profiler's launch hooks (Triton's knobs) need Triton's own launch, which calls them.
+    Triton 3.6 keeps them as chains that are never None: a hook is set when a chain has calls."""
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    return runtime is None or runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+    if runtime is None:
+        return True
+    hooks = (getattr(runtime, "launch_enter_hook", None), getattr(runtime, "launch_exit_hook", None))
+    return any(hook is not None and getattr(hook, "calls", True) for hook in hooks)
 
 
 def _directly_launchable(compiled) -> bool:
@@ -202,7 +203,7 @@ def prepare(k: int, estimator_code: int, clamp_delta: Optional[float], clip_lo: 
         launch.launch(grid, args, values)
         return out
 
-    call.launch = launch  # (the GPU check asks it whether its launches went direct)
+    call.launch = launch
     return call
 
 
