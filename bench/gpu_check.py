@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import math
 import os
@@ -395,6 +396,20 @@ def section_kernels(ctx):
                     rep.check("kernels", label, problem)
 
 
+def triton_layouts(which, block):
+    """(label suffix, context) per Triton layout a launch of this block can take: blocks up to 16
+    run a thread per group only from _config.LANE_MIN_GROUPS groups up, more than a check's batch,
+    so the lanes get a pass of their own with the threshold lowered."""
+    import contextlib
+
+    from bonkernels.triton import _config
+
+    layouts = [("", contextlib.nullcontext)]
+    if which == "triton" and block is not None and block <= _config.LANE_MAX_BLOCK:
+        layouts.append((" lanes", lambda: _config.lane_threshold(1)))
+    return layouts
+
+
 def section_triton(ctx):
     rep = ctx.report
     if ctx.triton is None:
@@ -419,14 +434,16 @@ def section_triton(ctx):
             for est in ests:
                 if ctx.out_of_time("triton", f"{est.name} block={block} {dtype}"):
                     return
-                for variant in variants(ctx, est)[:2]:
+                for variant, (suffix, layout) in itertools.product(variants(ctx, est)[:2],
+                                                                    triton_layouts("triton", block)):
                     variant = (dtype,) + variant[1:]
                     values, offsets, deltas = ctx.batch(ragged, est, dtype)
                     args = args_for(ctx, est, values, offsets, deltas, variant, block)
                     label = (f"{est.name} block={block} {str(dtype)[6:]} mean={variant[1]} clip={variant[2]} "
-                             f"eps={variant[3]} small={variant[4]} k={variant[5]}")
+                             f"eps={variant[3]} small={variant[4]} k={variant[5]}{suffix}")
                     try:
-                        got, _ = ctx.run_backend("triton", args)
+                        with layout():
+                            got, _ = ctx.run_backend("triton", args)
                         problem = ctx.compare(got, ctx.want(args), dtype)
                     except Exception as error:
                         problem = f"raised {type(error).__name__}: {str(error)[:300]}"
@@ -478,16 +495,18 @@ def adversarial(ctx, which):
                         clean_d[offs[g]:offs[g + 1]] = 0.0
                 variant = (dtype, True, (-math.inf, math.inf), 1e-6, 2, 2)
                 args = args_for(ctx, est, values, offsets, deltas, variant, bound if ctx.cuda else None)
-                label = f"NaN contract {est.name} bucket<={bound} {str(dtype)[6:]}"
-                try:
-                    want = ctx.want(args_for(ctx, est, clean_v, offsets, clean_d, variant, None))
-                    for g in bad_groups:
-                        want[offs[g]:offs[g + 1]] = math.nan
-                    got, problem = ctx.run_backend(which, args)
-                    problem = problem or ctx.compare(got, want, dtype)
-                except Exception as error:
-                    problem = f"raised {type(error).__name__}: {str(error)[:300]}"
-                rep.check(section, label, problem)
+                for suffix, layout in triton_layouts(which, bound):
+                    label = f"NaN contract {est.name} bucket<={bound} {str(dtype)[6:]}{suffix}"
+                    try:
+                        want = ctx.want(args_for(ctx, est, clean_v, offsets, clean_d, variant, None))
+                        for g in bad_groups:
+                            want[offs[g]:offs[g + 1]] = math.nan
+                        with layout():
+                            got, problem = ctx.run_backend(which, args)
+                        problem = problem or ctx.compare(got, want, dtype)
+                    except Exception as error:
+                        problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+                    rep.check(section, label, problem)
     if ctx.shard[0] != 0:
         return  # the cases below run in the first shard
     # 2. malformed offsets: no access outside the tensors, no CUDA error (values are undefined)
@@ -498,12 +517,14 @@ def adversarial(ctx, which):
     for name, offs in cases.items():
         values = ctx.rewards(N, est, torch.float32)
         offsets = torch.tensor(offs, dtype=torch.int64)
-        for hint in ((8, 32, 300, 4096) if ctx.cuda else (None,)):
+        for hint, (suffix, layout) in ((h, lay) for h in ((8, 32, 300, 4096) if ctx.cuda else (None,))
+                                       for lay in triton_layouts(which, h)):
             args = args_for(ctx, est, values, offsets, None, (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2),
                             hint)
-            label = f"malformed offsets ({name}) hint={hint}"
+            label = f"malformed offsets ({name}) hint={hint}{suffix}"
             try:
-                _, problem = ctx.run_backend(which, args)
+                with layout():
+                    _, problem = ctx.run_backend(which, args)
                 if which == "triton":  # no out= on this backend: check the device is still sane
                     probe = torch.ones(4, device=ctx.device).sum().item()
                     problem = None if probe == 4.0 else "device in a bad state"
@@ -525,13 +546,15 @@ def adversarial(ctx, which):
         for g, s in enumerate(sizes):
             if s > hint:
                 want[sum(sizes[:g]):sum(sizes[:g + 1])] = math.nan
-        label = f"undersized hint {hint} for sizes {sizes}"
-        try:
-            got, problem = ctx.run_backend(which, args)
-            problem = problem or ctx.compare(got, want, torch.float32)
-        except Exception as error:
-            problem = f"raised {type(error).__name__}: {str(error)[:300]}"
-        rep.check(section, label, problem)
+        for suffix, layout in triton_layouts(which, hint):
+            label = f"undersized hint {hint} for sizes {sizes}{suffix}"
+            try:
+                with layout():
+                    got, problem = ctx.run_backend(which, args)
+                problem = problem or ctx.compare(got, want, torch.float32)
+            except Exception as error:
+                problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+            rep.check(section, label, problem)
 
 
 # ----------------------------------------------------------------------------- streams and graphs
@@ -800,7 +823,8 @@ def section_plans(ctx):
     bk = ctx.bk
     backends = (["cuda"] if ctx.cuda else ["cpu"]) + (["triton"] if ctx.triton is not None else [])
     dtypes = (torch.float32, torch.bfloat16) if ctx.quick else (torch.float32, torch.bfloat16, torch.float64)
-    ns, Gs = ((5, 16), (1, 37)) if ctx.quick else ((5, 16, 64), (1, 37, 1000))
+    # (9,000 groups: at n <= 16 a Triton launch of that many takes the thread-per-group layout)
+    ns, Gs = ((5, 16), (1, 37)) if ctx.quick else ((5, 16, 64), (1, 37, 1000, 9000))
     for backend in backends:
         for name in ("maxk_loo1", "maxk_offpolicy", "grpo", "maxk", "maxrl"):
             est = ctx.estimators.get(name)

@@ -7,6 +7,7 @@ both the interpreter suite and the compile check run in their own processes.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
@@ -117,6 +118,13 @@ def test_launch_configs():
             assert config.groups == 32 * config.num_warps
         else:
             assert config.num_warps in (4, 8, 16, 32)
+        # a batch of few groups is spread over threads at every block
+        few = _config.config_for(block, True, _config.LANE_MIN_GROUPS - 1)
+        assert not few.lanes and few == _config.config_for_block(block, True, False)
+        assert _config.config_for(block, True, _config.LANE_MIN_GROUPS) == config
+    with _config.lane_threshold(1):
+        assert _config.config_for(8, True, 1).lanes
+    assert not _config.config_for(8, True, 1).lanes
 
 
 def test_specialisations_cover_every_dtype_and_block():
@@ -125,7 +133,8 @@ def test_specialisations_cover_every_dtype_and_block():
     specs = specialisations()
     assert len(specs) == len(_config.VALUE_DTYPES) * len(_config.all_configs())
     lane_blocks = {c.block for c in _config.all_configs() if c.lanes}
-    assert len(_config.all_configs()) == len(_config.all_blocks()) + len(lane_blocks)
+    # three per lane block: lanes with and without the off-policy branch, and spread
+    assert len(_config.all_configs()) == len(_config.all_blocks()) + 2 * len(lane_blocks)
     assert {s.dtype_name for s in specs} == {"fp16", "bf16", "fp32", "fp64"}
 
 
@@ -181,7 +190,7 @@ def test_launches_use_exactly_the_compiled_specialisations():
                     backend, kwargs, bound, specialization, options)
                 assert bank_signature == signature and not any(bank_attrs.values())
             assert all(not a for a in attrs.values()), attrs
-            expected = _config.config_for_block(block, clamp is not None).constexprs()
+            expected = _config.config_for(block, clamp is not None, len(sizes)).constexprs()
             assert constexprs == {(advantages_kernel.arg_names.index(key),): value
                                   for key, value in expected.items()}
 
@@ -205,17 +214,20 @@ def test_direct_launch_passes_what_tritons_launch_passes():
     offsets = torch.tensor([0, 16, 30, 40])
     bank = torch.zeros(30, dtype=torch.float64)
     bank_index = torch.zeros(17, dtype=torch.int64)
-    for name, block, with_bank in (("maxk_loo1", 16, False), ("maxk_loo1", 16, True),
-                                   ("maxk_offpolicy", 16, False), ("grpo", 64, False)):
+    cases = (("maxk_loo1", 16, False), ("maxk_loo1", 16, True), ("maxk_offpolicy", 8, False),
+             ("grpo", 64, False))
+    for (name, block, with_bank), lanes_from in itertools.product(cases, (1, _config.LANE_MIN_GROUPS)):
         est = estimators.get(name)
         deltas = values * 0.1 if est.needs_deltas else None
         launch = PreparedLaunch(estimator_for_launch(est.code, deltas, bank if with_bank else None), 3,
                                 0.2 if deltas is not None else None, -math.inf, 1.5, True, 2, 1e-4,
                                 block, with_bank)
-        _, args = launch.arguments(values, offsets, deltas, torch.empty_like(values),
-                                   bank if with_bank else None, bank_index if with_bank else None)
-        bound, _, _ = binder(*args, **launch.kwargs)
-        direct = args + launch._constexpr_values
+        with _config.lane_threshold(lanes_from):
+            config, _, args = launch.arguments(values, offsets, deltas, torch.empty_like(values),
+                                               bank if with_bank else None, bank_index if with_bank else None)
+        assert config.lanes == (lanes_from == 1 and block <= _config.LANE_MAX_BLOCK)
+        bound, _, _ = binder(*args, **launch.kwargs(config))
+        direct = args + launch.constexpr_values(config)
         assert list(bound) == advantages_kernel.arg_names and len(direct) == len(bound)
         for arg, (key, want) in zip(direct, bound.items()):
             assert arg is want if isinstance(want, torch.Tensor) else arg == want, (name, key)

@@ -24,6 +24,7 @@ if not INTERPRETING and not torch.cuda.is_available():
                 allow_module_level=True)
 pytest.importorskip("triton")
 DEVICE = "cpu" if INTERPRETING else "cuda"
+pytestmark = pytest.mark.usefixtures("lanes_at_every_batch_size")  # see conftest.py
 
 import bonkernels as bk  # noqa: E402
 from bonkernels import estimators, reference, tables  # noqa: E402
@@ -115,6 +116,24 @@ def test_ragged_small_groups_match_reference(est, dtype):
                                          mean_scale=mean_scale,
                                          clamp_delta=0.2 if deltas is not None and k == 2 else None)
                 assert torch.equal(values, before)
+
+
+@pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
+def test_spread_layout_of_small_batches_at_small_blocks(est):
+    """Below LANE_MIN_GROUPS groups, blocks 8 and 16 spread each group over threads (the lanes pay
+    only on a full GPU): the same values as the reference, ragged, ties, both scales."""
+    generator = torch.Generator().manual_seed(1500 + est.code)
+    with _config.lane_threshold(2**62):  # every batch takes the spread layout
+        for sizes in ([5, 1, 8, 3, 0, 7, 2, 16, 13, 4, 1, 11], [3, 8, 1, 6, 2]):
+            block = _config.block_for(max(sizes))
+            assert not _config.config_for(block, True, len(sizes)).lanes
+            offsets = packed_offsets(sizes)
+            for dtype, mean_scale in ((torch.float32, True), (torch.float64, False)):
+                values = make_rewards(sizes, est, dtype, generator)
+                deltas = make_deltas(values, est, generator)
+                assert_matches_reference(values, offsets, deltas, 2, est, mode="clamp",
+                                         mean_scale=mean_scale,
+                                         clamp_delta=0.2 if deltas is not None else None)
 
 
 @pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)

@@ -21,6 +21,7 @@ if not INTERPRETING and not torch.cuda.is_available():
                 allow_module_level=True)
 pytest.importorskip("triton")
 DEVICE = "cpu" if INTERPRETING else "cuda"
+pytestmark = pytest.mark.usefixtures("lanes_at_every_batch_size")  # see conftest.py
 
 from bonkernels import reference  # noqa: E402
 from bonkernels import triton as bk_triton  # noqa: E402

@@ -24,6 +24,7 @@ if not INTERPRETING and not torch.cuda.is_available():
                 allow_module_level=True)
 pytest.importorskip("triton")
 DEVICE = "cpu" if INTERPRETING else "cuda"
+pytestmark = pytest.mark.usefixtures("lanes_at_every_batch_size")  # see conftest.py
 
 import bonkernels as bk  # noqa: E402
 from bonkernels import reference  # noqa: E402

@@ -9,6 +9,7 @@ torch.compile it calls the registered op `torch.ops.bonkernels.triton_advantages
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from contextlib import nullcontext
@@ -60,40 +61,51 @@ def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo
     est = estimator_for_launch(code, deltas, bank)
     launch = PreparedLaunch(est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
                             block, bank is not None)
-    grid, args = launch.arguments(values, offsets, deltas, out, bank, bank_index)
-    return grid, args, launch.kwargs
+    config, grid, args = launch.arguments(values, offsets, deltas, out, bank, bank_index)
+    return grid, args, launch.kwargs(config)
 
 
 class PreparedLaunch:
-    """Everything of a launch but its tensors, computed once: the configuration, the scalar
-    arguments, and (on a GPU) the compiled kernel, which a plan's calls then launch directly.
+    """Everything of a launch but its tensors, computed once: the scalar arguments, the launch
+    configuration of each layout, and (on a GPU) the compiled kernels, which a plan's calls then
+    launch directly.
 
     Triton's own launch (`kernel[grid](...)`) binds and specialises every argument and compares
     every global constant of the kernel on each call: tens of microseconds, several times the
     kernel of a small batch. Every integer argument of the kernel is unspecialised and no pointer
-    is specialised on alignment, so for one estimator, dtype and block the compiled kernel is
-    always the same and can be kept after the first launch."""
+    is specialised on alignment, so for one estimator, dtype and launch configuration the compiled
+    kernel is always the same and can be kept after its first launch."""
 
     def __init__(self, est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, block,
                  has_bank):
         self.est = est
+        self.block = block
         self.has_bank = has_bank
-        self.config = _config.config_for_block(block, est.needs_deltas)
         self.scalars = (min(int(k), 2**31 - 1), est.code, est.k_margin, int(est.uses_k),
                         int(_facts.natural_mean(est)), int(has_bank), int(not est.order_free),
                         int(small_groups), int(clamp_delta is not None),
                         float64_bits(clamp_delta if clamp_delta is not None else 0.0),
                         float64_bits(clip_lo), float64_bits(clip_hi), int(mean_scale), float64_bits(eps))
-        self.kwargs = dict(num_warps=self.config.num_warps, **self.config.constexprs())
-        # the constexprs as the compiled launcher takes them: after the others, in signature order
-        self._constexpr_values = tuple(self.kwargs[name] for name in advantages_kernel.arg_names
-                                       if name in self.kwargs)
-        self._compiled = {}  # CUDA device index -> the compiled kernel
+        self._compiled = {}  # (CUDA device index, launch configuration) -> the compiled kernel
         self.direct_launches = 0  # (the GPU check asks whether launches went direct)
 
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def kwargs(config: _config.LaunchConfig) -> dict:
+        """The launch options and constexprs of a configuration (Triton's keyword arguments)."""
+        return dict(num_warps=config.num_warps, **config.constexprs())
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def constexpr_values(config: _config.LaunchConfig) -> tuple:
+        """The constexprs as the compiled launcher takes them: after the others, in signature order."""
+        kwargs = PreparedLaunch.kwargs(config)
+        return tuple(kwargs[name] for name in advantages_kernel.arg_names if name in kwargs)
+
     def arguments(self, values, offsets, deltas, out, bank, bank_index):
-        """(grid, positional arguments) for these tensors."""
+        """(launch configuration, grid, positional arguments) for these tensors."""
         num_groups = offsets.numel() - 1
+        config = _config.config_for(self.block, self.est.needs_deltas, num_groups)
         # Tensors the kernel does not read still need a pointer of the right type: deltas only for
         # the off-policy estimators, the bank only in bank mode.
         deltas_arg = deltas if self.est.needs_deltas else values
@@ -101,23 +113,24 @@ class PreparedLaunch:
         bank_index_arg = bank_index if self.has_bank else offsets
         args = (values, deltas_arg, offsets, out, bank_arg, bank_index_arg,
                 num_groups, values.numel(), offsets.stride(0), bank_index_arg.numel()) + self.scalars
-        return (triton.cdiv(num_groups, self.config.groups),), args
+        return config, (triton.cdiv(num_groups, config.groups),), args
 
-    def launch(self, grid, args, values):
+    def launch(self, config, grid, args, values):
         """Launch on the values' device and its current stream; directly once compiled there."""
-        index = values.device.index
-        compiled = self._compiled.get(index) if values.is_cuda else None
+        key = (values.device.index, config)
+        compiled = self._compiled.get(key) if values.is_cuda else None
         # (a count of groups beyond int32 changes the kernel's argument type: Triton's launch)
         if compiled is None or args[6] >= 2**31 or _launch_hooks_set():
             with _launch_guard(values):
-                compiled = advantages_kernel[grid](*args, **self.kwargs)
+                compiled = advantages_kernel[grid](*args, **self.kwargs(config))
             if values.is_cuda and _directly_launchable(compiled):
-                self._compiled[index] = compiled
+                self._compiled[key] = compiled
             return
         self.direct_launches += 1
+        index = key[0]
         with _config.device_guard(values) if torch._C._cuda_getDevice() != index else nullcontext():
             compiled.run(grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(index), compiled.function,
-                         compiled.packed_metadata, None, None, None, *args, *self._constexpr_values)
+                         compiled.packed_metadata, None, None, None, *args, *self.constexpr_values(config))
 
 
 def _launch_hooks_set() -> bool:
@@ -198,9 +211,9 @@ def prepare(k: int, estimator_code: int, clamp_delta: Optional[float], clip_lo: 
         out = torch.empty_like(values)
         if values.numel() == 0 or offsets.numel() <= 1:
             return out
-        grid, args = launch.arguments(values, offsets, None if deltas is None else deltas.contiguous(),
-                                      out, bank, bank_index)
-        launch.launch(grid, args, values)
+        config, grid, args = launch.arguments(values, offsets, None if deltas is None else deltas.contiguous(),
+                                              out, bank, bank_index)
+        launch.launch(config, grid, args, values)
         return out
 
     call.launch = launch
