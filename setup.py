@@ -75,7 +75,8 @@ def extensions():
 
     csrc = os.path.join(ROOT, "csrc")
     rel = lambda p: os.path.relpath(p, ROOT)  # noqa: E731
-    sources = [rel(os.path.join(csrc, "bindings.cpp")), rel(os.path.join(csrc, "cpu", "advantages_cpu.cpp"))]
+    sources = [rel(os.path.join(csrc, "bindings.cpp")), rel(os.path.join(csrc, "prepared_call.cpp")),
+               rel(os.path.join(csrc, "cpu", "advantages_cpu.cpp"))]
     cu_sources = sorted(rel(p) for p in glob.glob(os.path.join(csrc, "cuda", "*.cu")))
     include_dirs = [os.path.join(csrc, "include"), csrc]
     cxx_flags = ["-O3", "-g0"]  # torch picks the C++ standard its headers need

@@ -111,15 +111,24 @@ def prepare(k: int, estimator_code: int, clamp_delta: Optional[float], clip_lo: 
             bank: Optional[torch.Tensor] = None, bank_index: Optional[torch.Tensor] = None):
     """``advantages_packed`` with everything but the tensors fixed and converted once: returns
     call(values, offsets, deltas) for a plan (bonkernels/plan.py), which has checked the arguments
-    with a checked call. Values of any contiguous shape are read flat; the result has their shape."""
+    with a checked call. Values of any contiguous shape are read flat; the result has their shape.
+
+    The call enters the op's C++ directly (``bonkernels._C.prepared_call``), not through torch's
+    dispatcher: the same function, without converting 14 Python arguments per call. Eager only
+    (torch.compile traces the registered op, which a plan calls there)."""
     if _ops is None:
         _require(torch.empty(0))
+    from . import _C
+
     tail = (int(k), int(estimator_code), None if clamp_delta is None else float(clamp_delta),
             float(clip_lo), float(clip_hi), bool(mean_scale), int(small_groups), float(eps),
             None if max_group_size is None else int(max_group_size), bank, bank_index)
-    op = _ops.advantages_packed
+    if not hasattr(_C, "prepared_call"):  # an extension built before the direct entry: the op
+        op = _ops.advantages_packed
+        return lambda values, offsets, deltas: op(values, offsets, deltas, *tail)
+    prepared, prepared_call = _C.prepare(*tail), _C.prepared_call
 
     def call(values: torch.Tensor, offsets: torch.Tensor, deltas: Optional[torch.Tensor]) -> torch.Tensor:
-        return op(values, offsets, deltas, *tail)
+        return prepared_call(prepared, values, offsets, deltas)
 
     return call

@@ -19,6 +19,7 @@
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
 #include "cpu/advantages_cpu.h"
+#include "op.h"
 
 #ifdef BK_WITH_CUDA
 #include <c10/core/DeviceGuard.h>
@@ -170,6 +171,10 @@ void out_cuda(const at::Tensor& values, const at::Tensor& offsets, const std::op
 }
 #endif
 
+}  // namespace
+
+namespace bk_op {
+
 at::Tensor advantages_packed(const at::Tensor& values, const at::Tensor& offsets,
                              const std::optional<at::Tensor>& deltas, int64_t k, int64_t code,
                              std::optional<double> clamp_delta, double clip_lo, double clip_hi, bool mean_scale,
@@ -189,6 +194,10 @@ at::Tensor advantages_packed(const at::Tensor& values, const at::Tensor& offsets
   }
   return out;
 }
+
+}  // namespace bk_op
+
+namespace {
 
 int64_t build_info() {
   int64_t info = 0;
@@ -216,18 +225,19 @@ TORCH_LIBRARY(bonkernels, m) {
 }
 
 TORCH_LIBRARY_IMPL(bonkernels, CPU, m) {
-  m.impl("advantages_packed", &advantages_packed);
+  m.impl("advantages_packed", &bk_op::advantages_packed);
   m.impl("advantages_packed_out", &out_cpu);
 }
 
 #ifdef BK_WITH_CUDA
 TORCH_LIBRARY_IMPL(bonkernels, CUDA, m) {
-  m.impl("advantages_packed", &advantages_packed);
+  m.impl("advantages_packed", &bk_op::advantages_packed);
   m.impl("advantages_packed_out", &out_cuda);
 }
 #endif
 
-// A plain Python module, so `import bonkernels._C` loads the library and runs the registrations.
+// `import bonkernels._C` loads the library and runs the registrations; the module's own functions
+// are the direct entry of prepared calls (prepared_call.cpp).
 static PyModuleDef bonkernels_module = {PyModuleDef_HEAD_INIT, "_C", "bonkernels native ops (torch.ops.bonkernels)",
-                                        -1, nullptr};
+                                        -1, bk_prepared_call_methods};
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&bonkernels_module); }

@@ -125,3 +125,42 @@ def test_torch_compile_fullgraph_traces_a_plan():
 
     total, a = torch.compile(step, fullgraph=True, backend="aot_eager")(rewards)
     assert torch.equal(a, plan(rewards)) and torch.allclose(total, 2 * a.sum())
+
+
+@pytest.mark.skipif("cpu" not in CPU_BACKENDS, reason="the compiled extension is not built")
+def test_native_plans_enter_the_op_directly():
+    """A native plan calls bonkernels._C.prepared_call (the op's C++ without torch's dispatcher):
+    the op's values and its errors, as Python exceptions; the prepared arguments keep their bank
+    alive."""
+    import gc
+
+    from bonkernels import _C, _native
+
+    assert hasattr(_C, "prepared_call")
+    rewards = torch.rand(9, 8, generator=torch.Generator().manual_seed(11))
+    weights = bk.maxrl_weights(8)
+    plan = bk.prepare_advantages(None, "maxk_loo1", group_size=8, k_weights=weights, backend="cpu")
+    want = bk.advantages(rewards, None, "maxk_loo1", k_weights=weights, backend="cpu")
+    bank = {name: tensor.clone() for name, tensor in plan._bank.items()}
+    call = _native.prepare(*plan._args, **bank)
+    del bank
+    gc.collect()
+    offsets = torch.arange(0, 73, 8)
+    assert torch.equal(call(rewards, offsets, None), want)
+    assert torch.equal(call(rewards.reshape(-1), offsets, None), want.reshape(-1))  # read flat
+
+    prepared = _C.prepare(2, estimators.get("maxk").code, None, -math.inf, math.inf, True, 0, 1e-6, 8,
+                          None, None)
+    with pytest.raises(TypeError, match="values must be a tensor"):
+        _C.prepared_call(prepared, [0.5] * 8, offsets[:2], None)
+    with pytest.raises(TypeError, match="values must be float16/bfloat16/float32/float64"):
+        _C.prepared_call(prepared, torch.zeros(8, dtype=torch.int64), offsets[:2], None)
+    with pytest.raises(TypeError, match="offsets must be int64"):
+        _C.prepared_call(prepared, torch.zeros(8), offsets[:2].int(), None)
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        _C.prepared_call(prepared, torch.zeros(8), offsets[:2])
+    with pytest.raises(ValueError):
+        _C.prepared_call(object(), torch.zeros(8), offsets[:2], None)  # not a prepared capsule
+    with pytest.raises(ValueError, match="unknown estimator code"):
+        _C.prepared_call(_C.prepare(2, 999, None, 0.0, 1.0, True, 0, 1e-6, 8, None, None), torch.zeros(8),
+                         offsets[:2], None)
