@@ -87,8 +87,9 @@ def advantages_packed(values: torch.Tensor, offsets: torch.Tensor, deltas: Optio
     """The backend interface (same semantics as ``bonkernels.reference.advantages_packed``).
 
     One fused kernel launch for the whole batch. Contiguous ``values`` of any shape are read flat
-    and the result has their shape (a plan passes ``[G, n]`` rewards as they are). ``max_group_size`` (a Python int bound on every
-    group size) spares the CUDA path a host sync; the CPU path never syncs. With ``out`` the result
+    and the result has their shape (a plan passes ``[G, n]`` rewards as they are).
+    ``max_group_size`` (a Python int bound on every group size) spares the CUDA path a host sync;
+    the CPU path never syncs. With ``out`` the result
     is written into that tensor (every element is written; tests poison it first) and returned.
     ``bank``/``bank_index`` (float64 / int64, on the values' device) are the mixture tables of a
     call with k weights: the linear estimators then read their tables from the block for their

@@ -8,12 +8,14 @@
   ``bank`` (``bank_index[n]`` = the block for groups of size n), at the cost of a single k.
 * One launch per call, no host sync when ``max_group_size`` is given, under the values' device and
   on its current stream. Group sizes are bucketed to powers of two from 8 (``_config.py``):
-  4 dtypes x 12 launch configurations (one per block, two for each thread-per-group block: with
-  and without the off-policy branch) = 48 kernel specialisations, which
-  ``python -m bonkernels.triton.aot`` compiles ahead of time for sm_80/sm_90.
+  4 dtypes x 14 launch configurations (one per block; three for each block up to 16: a thread per
+  group with and without the off-policy branch, and the spread layout) = 56 kernel
+  specialisations, which ``python -m bonkernels.triton.aot`` compiles ahead of time for
+  sm_80/sm_90.
 * Blocks up to 16 run a thread per group (its sort, scans and reductions in that thread's
-  registers); larger blocks spread a group over threads and sort packed (key, column) words with
-  ``tl.sort`` (two passes for float64).
+  registers) on batches of at least ``_config.LANE_MIN_GROUPS`` groups; smaller batches and larger
+  blocks spread a group over threads and sort packed (key, column) words with ``tl.sort`` (two
+  passes for float64).
 * A plan (``bk.prepare_advantages``) binds everything but the tensors once and, from its second
   call on a GPU, launches the compiled kernel directly (``advantages.PreparedLaunch``).
 * Without input checks the kernel stays inside its tensors: offsets are clamped, a group with a

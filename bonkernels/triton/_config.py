@@ -58,7 +58,7 @@ def block_for(max_group_size: int) -> int:
 def config_for(block: int, deltas: bool, num_groups: int) -> LaunchConfig:
     """The launch of `num_groups` groups in a block: a thread per group only from
     LANE_MIN_GROUPS groups up (read at each call: `lane_threshold` changes it)."""
-    return config_for_block(block, deltas, num_groups >= LANE_MIN_GROUPS)
+    return config_for_block(block, deltas, bool(num_groups >= LANE_MIN_GROUPS))
 
 
 @contextlib.contextmanager

@@ -62,7 +62,7 @@ def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo
     launch = PreparedLaunch(est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
                             block, bank is not None)
     config, grid, args = launch.arguments(values, offsets, deltas, out, bank, bank_index)
-    return grid, args, launch.kwargs(config)
+    return grid, args, dict(launch.kwargs(config))
 
 
 class PreparedLaunch:
