@@ -233,6 +233,20 @@ def test_direct_launch_passes_what_tritons_launch_passes():
             assert arg is want if isinstance(want, torch.Tensor) else arg == want, (name, key)
 
 
+def test_only_a_loaded_kernel_of_the_launch_shape_is_kept():
+    """PreparedLaunch keeps a kernel for direct launches only when it is loaded (a function handle:
+    a real launch on a GPU) and takes one parameter per argument it will be passed."""
+    from bonkernels.triton import aot
+    from bonkernels.triton.advantages import _directly_launchable
+
+    config = _config.config_for_block(8, False, True)
+    compiled = aot.compile_one(aot.Specialisation("fp32", config), 90)  # compiled, never loaded
+    count = len(compiled.src.signature)
+    assert count == len(aot._signature("fp32"))
+    assert not _directly_launchable(compiled, count)
+    assert not _directly_launchable(None, count)
+
+
 def test_direct_launch_leaves_launch_hooks_to_triton():
     """With no launch hook set a plan launches directly; a profiler's hook (Triton's knobs, chains
     that are never None in Triton 3.6) sends every launch back through Triton, which calls it."""

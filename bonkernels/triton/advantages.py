@@ -123,7 +123,7 @@ class PreparedLaunch:
         if compiled is None or args[6] >= 2**31 or _launch_hooks_set():
             with _launch_guard(values):
                 compiled = advantages_kernel[grid](*args, **self.kwargs(config))
-            if values.is_cuda and _directly_launchable(compiled):
+            if values.is_cuda and _directly_launchable(compiled, len(args) + len(self.constexpr_values(config))):
                 self._compiled[key] = compiled
             return
         self.direct_launches += 1
@@ -143,9 +143,12 @@ def _launch_hooks_set() -> bool:
     return any(hook is not None and getattr(hook, "calls", True) for hook in hooks)
 
 
-def _directly_launchable(compiled) -> bool:
-    """Whether a launch returned a compiled kernel of the shape PreparedLaunch calls (Triton 3.x)."""
-    return all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))
+def _directly_launchable(compiled, num_arguments: int) -> bool:
+    """Whether a launch returned a loaded, compiled kernel of the shape PreparedLaunch calls
+    (Triton 3.x): its launcher, its function handle, and one parameter per argument passed."""
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    return (getattr(compiled, "function", None) is not None and hasattr(compiled, "packed_metadata")
+            and signature is not None and len(signature) == num_arguments and callable(compiled.run))
 
 
 def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
