@@ -202,19 +202,3 @@ def test_parse_ptxas_log():
     assert sk.parse_ptxas_spills(PTXAS_LOG) == {"_Z5blockv": (8, 12), "_Z4warpv": (0, 0)}
     assert sk.parse_ptxas_smem(PTXAS_LOG) == {"_Z5blockv": 33792}
 
-
-def test_triton_specialise_probe_fixes_arguments_as_constants():
-    """bench/triton_specialise_probe.py: the kernel compiled for sm_90 with the estimator code fixed
-    holds fewer registers than the shipped kernel (its other estimators' code is gone)."""
-    pytest.importorskip("triton")
-    from bench import triton_specialise_probe as probe
-    from bonkernels import estimators
-    from bonkernels.triton import _config
-
-    config = _config.config_for_block(8, False, True)
-    shipped, shipped_lines = probe.compile_fixed(config, {})
-    fixed, fixed_lines = probe.compile_fixed(config, {"code": estimators.get("grpo").code})
-    if not shipped:
-        pytest.skip("triton's bundled ptxas is missing")
-    registers = [int(re.search(r"(\d+) registers", text).group(1)) for text in (shipped, fixed)]
-    assert registers[1] < registers[0] and fixed_lines < shipped_lines
