@@ -59,6 +59,9 @@ class Backend:
     takes_bank: bool                    # reads bank=/bank_index= (mixtures over k)
     _load: Callable[[], Callable]       # the module function implementing the interface
     _why_unavailable: Callable[[], Optional[str]]
+    # its `prepare(*Params.args(), bank=, bank_index=) -> call(values, offsets, deltas)`: the
+    # interface with everything but the tensors bound once (a plan's call); None: the reference
+    _load_prepare: Optional[Callable[[], Callable]] = None
 
     def serves(self, est: estimators.Estimator) -> bool:
         return self.name in est.backends
@@ -89,6 +92,10 @@ class Backend:
     @property
     def impl(self) -> Callable:
         return self._load()
+
+    @property
+    def prepare(self) -> Optional[Callable]:
+        return None if self._load_prepare is None else self._load_prepare()
 
 
 # ----------------------------------------------------------------------------- the rows
@@ -130,6 +137,16 @@ def _load_triton():
     return triton_backend.advantages_packed
 
 
+def _load_native_prepare():
+    from . import _native as native
+    return native.prepare
+
+
+def _load_triton_prepare():
+    from .triton import advantages as triton_advantages
+    return triton_advantages.prepare
+
+
 def _cuda_max_group() -> int:
     from ._native import CUDA_MAX_GROUP
     return CUDA_MAX_GROUP
@@ -141,9 +158,12 @@ def _triton_max_group() -> int:
 
 
 TABLE = (
-    Backend("cpu", ("cpu",), lambda: None, True, _load_native, lambda: _native_unavailable(False)),
-    Backend("cuda", ("cuda",), _cuda_max_group, True, _load_native, lambda: _native_unavailable(True)),
-    Backend("triton", ("cuda",), _triton_max_group, True, _load_triton, _triton_unavailable),
+    Backend("cpu", ("cpu",), lambda: None, True, _load_native, lambda: _native_unavailable(False),
+            _load_native_prepare),
+    Backend("cuda", ("cuda",), _cuda_max_group, True, _load_native, lambda: _native_unavailable(True),
+            _load_native_prepare),
+    Backend("triton", ("cuda",), _triton_max_group, True, _load_triton, _triton_unavailable,
+            _load_triton_prepare),
     Backend("torch", ("cpu", "cuda"), lambda: None, True, lambda: reference.advantages_packed, lambda: None),
 )
 ROWS = {b.name: b for b in TABLE}

@@ -40,7 +40,8 @@ class AdvantagesPlan:
         self._impl = call.row.impl
         self._args = call.params.args()
         self._bank = call.bank
-        self._run = _prepared(self.backend, self._args, self._bank)
+        prepare = call.row.prepare  # binds the arguments once (None for the reference)
+        self._run = None if prepare is None else prepare(*self._args, **self._bank)
 
     def __call__(self, rewards: torch.Tensor, deltas: Optional[torch.Tensor] = None) -> torch.Tensor:
         n = self.group_size
@@ -69,18 +70,6 @@ class AdvantagesPlan:
     def __repr__(self) -> str:
         return (f"AdvantagesPlan({self.estimator!r}, group_size={self.group_size}, backend={self.backend!r}, "
                 f"dtype={self.dtype}, device={self.device})")
-
-
-def _prepared(backend: str, args: tuple, bank: dict):
-    """The backend's call with its arguments bound once, on [G, n] tensors; None where a backend
-    has none (the reference)."""
-    if backend in ("cpu", "cuda"):
-        from . import _native
-        return _native.prepare(*args, **bank)
-    if backend == "triton":
-        from .triton import advantages as triton_advantages
-        return triton_advantages.prepare(*args, **bank)
-    return None
 
 
 def prepare_advantages(k: Optional[int] = None, estimator: str = "maxk_loo1", *, group_size: int,
