@@ -78,10 +78,11 @@ class PreparedLaunch:
 
     def __init__(self, est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, block,
                  has_bank):
+        # k is the kernels' 32-bit k: advantages_packed caps it, and a plan's Params hold it capped
         self.est = est
         self.block = block
         self.has_bank = has_bank
-        self.scalars = (min(int(k), 2**31 - 1), est.code, est.k_margin, int(est.uses_k),
+        self.scalars = (int(k), est.code, est.k_margin, int(est.uses_k),
                         int(_facts.natural_mean(est)), int(has_bank), int(not est.order_free),
                         int(small_groups), int(clamp_delta is not None),
                         float64_bits(clamp_delta if clamp_delta is not None else 0.0),
