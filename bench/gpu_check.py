@@ -617,6 +617,24 @@ def section_streams(ctx):
         rep.check("streams", f"{name} on cuda:1 while cuda:0 is current", problem)
 
 
+def captured_and_replayed(torch, call, refill):
+    """call() run twice on a side stream (its warm-up), then captured in a CUDA graph; refill()
+    writes new inputs into the call's tensors and the graph is replayed. Returns (the warm-up's
+    last output, the graph's output after the replay, what refill returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        warm = [call() for _ in range(2)][-1]
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    refilled = refill()
+    graph.replay()
+    torch.cuda.synchronize()
+    return warm, static_out, refilled
+
+
 def section_graphs(ctx):
     rep = ctx.report
     torch = ctx.torch
@@ -643,22 +661,16 @@ def section_graphs(ctx):
                                                  check_inputs=False, max_group_size=n, backend=fn).reshape(-1)
                     return fn(static_v, off, static_d, 2, est.code, 0.25 if est.needs_deltas else None, -math.inf,
                               math.inf, True, 2, 1e-6, n)
-                try:
-                    side = torch.cuda.Stream()
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        for _ in range(2):
-                            call()
-                    torch.cuda.current_stream().wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        static_out = call()
+
+                def refill():
                     new_v, _, new_d = ctx.batch([n] * G, est, torch.float32)
                     static_v.copy_(new_v.to(ctx.device))
                     if static_d is not None:
                         static_d.copy_(new_d.to(ctx.device))
-                    graph.replay()
-                    torch.cuda.synchronize()
+                    return new_v, new_d
+
+                try:
+                    _, static_out, (new_v, new_d) = captured_and_replayed(torch, call, refill)
                     variant = (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2)
                     want = ctx.want(args_for(ctx, est, new_v, offsets, new_d, variant, None))
                     problem = ctx.compare(static_out, want, torch.float32)
@@ -872,22 +884,17 @@ def _plan_on_streams_and_graphs(ctx, plan, est, n, dtype):
     values, _, deltas = ctx.batch([n] * G, est, dtype)
     static_r = ctx.dev(values).view(G, n)
     static_d = None if deltas is None else ctx.dev(deltas).view(G, n)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        first = [plan(static_r, static_d) for _ in range(2)][-1]
-    torch.cuda.current_stream().wait_stream(side)
-    if not torch.equal(first, plan(static_r, static_d)):
+    on_default_stream = plan(static_r, static_d)
+
+    def refill():
+        new_values, _, new_deltas = ctx.batch([n] * G, est, dtype)
+        static_r.copy_(ctx.dev(new_values).view(G, n))
+        if static_d is not None:
+            static_d.copy_(ctx.dev(new_deltas).view(G, n))
+
+    on_side_stream, static_out, _ = captured_and_replayed(torch, lambda: plan(static_r, static_d), refill)
+    if not torch.equal(on_side_stream, on_default_stream):
         return "a side stream's call differs"
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = plan(static_r, static_d)
-    new_values, _, new_deltas = ctx.batch([n] * G, est, dtype)
-    static_r.copy_(ctx.dev(new_values).view(G, n))
-    if static_d is not None:
-        static_d.copy_(ctx.dev(new_deltas).view(G, n))
-    graph.replay()
-    torch.cuda.synchronize()
     if not torch.equal(static_out, plan(static_r, static_d)):
         return "a CUDA graph's replay differs from a call on the same inputs"
     return None
