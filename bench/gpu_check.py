@@ -445,9 +445,24 @@ def section_triton(ctx):
                         with layout():
                             got, _ = ctx.run_backend("triton", args)
                         problem = ctx.compare(got, ctx.want(args), dtype)
+                        if problem is None and suffix and ctx.cuda and not est.needs_deltas:
+                            problem = _same_as_generic_lanes(ctx, args, got, layout)
                     except Exception as error:
                         problem = f"raised {type(error).__name__}: {str(error)[:300]}"
                     rep.check("triton", label, problem)
+
+
+def _same_as_generic_lanes(ctx, args, got, layout):
+    """An on-policy lane launch on a GPU runs the kernel compiled for its estimator: it must give
+    the bits of the kernel with every estimator."""
+    from bonkernels.triton import _config
+
+    with layout(), _config.specialised_lanes(False):
+        generic, _ = ctx.run_backend("triton", args)
+    as_int = {2: ctx.torch.int16, 4: ctx.torch.int32, 8: ctx.torch.int64}[got.element_size()]
+    if not ctx.torch.equal(got.view(as_int), generic.view(as_int)):
+        return "the estimator's lane kernel differs from the kernel with every estimator"
+    return None
 
 
 # ----------------------------------------------------------------------------- adversarial (checks off)
@@ -872,6 +887,9 @@ def section_plans(ctx):
                                 problem = _plan_on_streams_and_graphs(ctx, plan, est, n, dtype)
                             if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct_launches:
                                 problem = "the Triton plan never launched its compiled kernel directly"
+                            if (problem is None and backend == "triton" and ctx.cuda and not est.needs_deltas
+                                    and n <= 16 and not plan._run.launch.specialised_launches):
+                                problem = "the Triton plan's lane launches (9,000 groups) never ran the estimator's kernel"
                         except Exception as error:
                             problem = f"raised {type(error).__name__}: {str(error)[:300]}"
                         rep.check("plans", what, problem)

@@ -7,8 +7,10 @@ Every call is ``bk.advantages(rewards, 4, estimator, check_inputs=False, max_gro
 backend=B)`` on float32 [G, n] rewards ~ U(0, 1) (maxk_offpolicy: with deltas and clamp_delta), for
 B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo; ``triton-spread`` is
 the Triton backend with its thread-per-group layout turned off (a group spread over many threads,
-as every block used before the lanes), timed beside it at n <= 16 as an A/B of the two layouts.
-Measured:
+as every block used before the lanes), timed beside it at n <= 16 as an A/B of the two layouts;
+``triton-generic`` keeps the lanes but launches the kernel with every estimator instead of the one
+compiled for the call's estimator (on-policy estimators at n <= 16: the A/B of that
+specialisation). Measured:
 
 * bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 128, 512, 1024, 4096): the time of one call
   (CUDA events, L2 flushed before each repetition; bench/timing.py), the bytes it must move
@@ -53,6 +55,8 @@ TARGET_KERNEL_US, TARGET_WALL_US = 5.0, 15.0
 
 
 SPREAD = "triton-spread"  # the Triton backend without its thread-per-group layout (an A/B)
+GENERIC = "triton-generic"  # its lane launches without the estimator's own kernel (an A/B)
+LANE_AB = (SPREAD, GENERIC)  # timed only where the lanes run (n <= 16), not on small batches
 PLAN = "plan:"  # plan:<backend>: the call prepared once (small batch only: the same kernels)
 
 
@@ -70,6 +74,13 @@ def spread_layout():
     finally:
         _config.LANE_MAX_BLOCK = saved
         _config.config_for_block.cache_clear()
+
+
+def generic_lanes():
+    """Lane launches run the kernel with every estimator (no per-estimator compile)."""
+    from bonkernels.triton import _config
+
+    return _config.specialised_lanes(False)
 
 
 def _lane_max_block() -> int:
@@ -95,13 +106,14 @@ def make_call(backend: str, estimator: str, G: int, n: int, device: str, seed: i
                                      clamp_delta=kwargs.get("clamp_delta"), device=device)
         deltas = kwargs.get("deltas")
         return (lambda: plan(rewards, deltas)), nbytes
-    if backend == SPREAD:
+    if backend in LANE_AB:
         kwargs["backend"] = "triton"
+        layout = spread_layout if backend == SPREAD else generic_lanes
 
-        def spread_call():
-            with spread_layout():
+        def lane_ab_call():
+            with layout():
                 return bk.advantages(rewards, k, estimator, **kwargs)
-        return spread_call, nbytes
+        return lane_ab_call, nbytes
 
     def call():
         return bk.advantages(rewards, k, estimator, **kwargs)
@@ -135,9 +147,11 @@ def bandwidth_rows(backends, clock: Clock, device: str, n_samples: int, ns, log)
         copy_bps = 8 * G * n / copy_s
         del src, dst
         for backend in backends:
-            if backend == SPREAD and n > _lane_max_block():
+            if backend in LANE_AB and n > _lane_max_block():
                 continue  # the same kernel as triton's there
             for est in ESTIMATORS:
+                if backend == GENERIC and est == "maxk_offpolicy":
+                    continue  # its lanes are not specialised: the same kernel as triton's
                 call, nbytes = make_call(backend, est, G, n, device)
                 try:
                     s = clock.seconds(call)
@@ -172,8 +186,8 @@ def small_batch_rows(backends, clock: Clock, device: str, G: int, n: int, calls:
     src = torch.rand(G, n, device=device)
     dst = torch.empty_like(src)
     cells = [("torch", "copy_ (one launch)", lambda: dst.copy_(src))]
-    plans = [PLAN + b for b in backends if b != SPREAD]
-    for backend in (*backends, *plans):
+    plans = [PLAN + b for b in backends if b not in LANE_AB]
+    for backend in (*[b for b in backends if b != GENERIC], *plans):  # (G = 1024: no lanes)
         for est in ESTIMATORS:
             cells.append((backend, est, make_call(backend, est, G, n, device)[0]))
     for backend, est, call in cells:
@@ -270,7 +284,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--dry-run", action="store_true", help="the CPU kernel, tiny sizes: checks the flow (CI)")
-    ap.add_argument("--backends", help=f"a subset, e.g. cuda (default: cuda,triton,{SPREAD})")
+    ap.add_argument("--backends", help=f"a subset, e.g. cuda (default: cuda,triton,{SPREAD},{GENERIC})")
     ap.add_argument("--ns", help="group sizes of the bandwidth cells, e.g. 8,16,32 (default: all)")
     ap.add_argument("--no-crossover", action="store_true",
                     help="skip the kernel time against G at n = 16 (triton and triton-spread)")
@@ -281,7 +295,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("[gpu_limits] no CUDA device (use --dry-run on a CPU machine)", file=sys.stderr)
             return 2
-        device, backends, n_samples, ns, small_calls = "cuda", ("cuda", "triton", SPREAD), 1 << 24, NS, 1000
+        device, backends, n_samples, ns, small_calls = "cuda", ("cuda", "triton", SPREAD, GENERIC), 1 << 24, NS, 1000
     if a.backends:  # a quick A/B run of two builds needs only some cells
         backends = tuple(b for b in a.backends.split(",") if b)
     if a.ns:

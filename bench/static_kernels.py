@@ -23,9 +23,10 @@ Registers, stack, local (spill) memory and static shared memory come from ``cuob
 
 Triton: bonkernels/triton/aot.py's compile path (fp32, the blocks that cover n in
 {8, 16, 32, 64, 1024, 4096}): build ``fp32`` is the kernel with every estimator (code at run
-time; at BLOCK <= 16 the on-policy calls launch its twin without the off-policy branch);
-``<estimator>/fp32`` makes the code, has_bank (1 for the estimators that read one k's bank in a
-single-k call) and the sort compile-time constants (analysis only).
+time: the spread layout of small batches and torch.compile's launches); ``<estimator>/fp32``
+makes the estimator's facts and has_bank (1 for the estimators that read one k's bank in a
+single-k call) compile-time constants (bonkernels/triton/_sources.py): at BLOCK <= 16 the lane
+kernel a GPU launch of that call runs, at larger blocks an analysis-only build.
 Registers and spills from ``ptxas -v`` on its PTX, shared memory from the compiled metadata, SASS
 from its cubin.
 
@@ -660,29 +661,21 @@ def _loops_text(loops) -> str:
 # ---------------------------------------------------------------------------------------------- Triton
 
 def compile_triton(dtype: str, block: int, code: int | None = None):
-    """aot.compile_one's compile for sm_90; with ``code``, the estimator code, whether it reads a
-    bank (as a single-k call on [G, n] rewards does) and whether it sorts are made compile-time
-    constants (a static-analysis specialisation: the launcher never builds it)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """aot.compile_one's compile for sm_90; with ``code``, the estimator's facts and whether it
+    reads a bank (as a single-k call on [G, n] rewards does) are made compile-time constants: the
+    kernel a lane launch of that call builds (at larger blocks a static-analysis specialisation
+    the launcher never builds)."""
     from bonkernels import estimators, tables
-    from bonkernels.triton import _config, aot
-    from bonkernels.triton._advantages_kernel import advantages_kernel
+    from bonkernels.triton import _config, _sources, aot
 
     if code is None:  # every estimator: the kernel with the off-policy branch
         cfg = _config.config_for_block(block, True)
         return cfg, aot.compile_one(aot.Specialisation(dtype, cfg), 90)
-    sig = aot._signature(dtype)
     est = estimators.BY_CODE[code]
     cfg = _config.config_for_block(block, est.needs_deltas)
-    sig["code"], sig["has_bank"], sig["sorts"] = "constexpr", "constexpr", "constexpr"
     # the path of a single-k call on [G, n] rewards: one k's bank where the estimator takes one
-    constexprs = dict(cfg.constexprs(), code=code, has_bank=int(est.name in tables.BANK_ESTIMATORS),
-                      sorts=int(not est.order_free))
-    source = ASTSource(fn=advantages_kernel, signature=sig, constexprs=constexprs)
-    return cfg, triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+    constants = _sources.constants_of(est, est.name in tables.BANK_ESTIMATORS)
+    return cfg, aot.compile_one(aot.Specialisation(dtype, cfg, constants), 90)
 
 
 def triton_rows(blocks=TRITON_BLOCKS, dtype: str = "fp32", work: str = ".", budget_s: float = 900,

@@ -157,8 +157,8 @@ def test_launches_use_exactly_the_compiled_specialisations():
         from triton.runtime.jit import create_function_from_signature
     except ImportError as error:  # a private API of triton 3.x
         pytest.skip(f"triton internals moved: {error}")
+    from bonkernels.triton._sources import signature as _signature
     from bonkernels.triton.advantages import advantages_kernel, launch_arguments
-    from bonkernels.triton.aot import _signature
 
     backend = make_backend(GPUTarget("cuda", 90, 32))
     binder = create_function_from_signature(advantages_kernel.signature, advantages_kernel.params,
@@ -233,16 +233,95 @@ def test_direct_launch_passes_what_tritons_launch_passes():
             assert arg is want if isinstance(want, torch.Tensor) else arg == want, (name, key)
 
 
+def test_on_policy_lane_launches_run_their_estimators_kernel():
+    """On a GPU, on-policy lane launches take the kernel compiled for their estimator; off-policy
+    lane launches, the spread layout, launches with an int64 count of groups and launches with
+    the switch off take the kernel with every estimator."""
+    from bonkernels.triton.advantages import _compiled_kernel_fits, runs_specialised
+
+    for block in (8, 16):
+        on_policy_lanes = _config.config_for_block(block, False, True)
+        assert runs_specialised(on_policy_lanes)
+        assert not runs_specialised(_config.config_for_block(block, True, True))
+        assert not runs_specialised(_config.config_for_block(block, False, False))
+        with _config.specialised_lanes(False):
+            assert not runs_specialised(on_policy_lanes)
+        assert runs_specialised(on_policy_lanes)
+    assert not runs_specialised(_config.config_for_block(64, False, True))
+    assert _compiled_kernel_fits(True, 2**31 - 1) and not _compiled_kernel_fits(True, 2**31)
+    assert not _compiled_kernel_fits(False, 10)
+
+
+def test_specialised_lane_kernels_take_the_launch_arguments():
+    """The estimator's kernel is launched with the generic kernel's arguments (its launcher skips
+    constexprs): the compiled constants sit at the kernel's estimator arguments, and equal what the
+    call passes there, for every estimator and bank mode."""
+    from bonkernels.triton import _sources, aot
+    from bonkernels.triton.advantages import PreparedLaunch, advantages_kernel, estimator_for_launch
+
+    values = torch.rand(40)
+    offsets = torch.tensor([0, 16, 30, 40])
+    bank, bank_index = torch.zeros(30, dtype=torch.float64), torch.zeros(17, dtype=torch.int64)
+    specs = aot.estimator_specialisations()
+    assert {s.constants.code for s in specs} == {e.code for e in estimators.REGISTRY.values()
+                                                  if "triton" in e.backends and not e.needs_deltas}
+    for spec in specs:
+        est = estimators.BY_CODE[spec.constants.code]
+        with_bank = bool(spec.constants.has_bank)
+        launch = PreparedLaunch(estimator_for_launch(est.code, None, bank if with_bank else None), 3, None,
+                                -math.inf, 1.5, True, 2, 1e-4, spec.config.block, with_bank)
+        assert launch.constants == spec.constants
+        with _config.lane_threshold(1):
+            config, _, args = launch.arguments(values, offsets, None, torch.empty_like(values),
+                                               bank if with_bank else None, bank_index if with_bank else None)
+        assert config == spec.config
+        signature = _sources.signature("fp32", launch.constants)
+        assert list(signature) == advantages_kernel.arg_names
+        assert len(args) + len(launch.constexpr_values(config)) == len(signature)
+        for name in _sources.ESTIMATOR_ARGUMENTS:
+            at = advantages_kernel.arg_names.index(name)
+            assert signature[name] == "constexpr" and args[at] == getattr(launch.constants, name), (est.name, name)
+
+
+SPECIALISED_PROBE = """
+from bonkernels.triton import aot
+for spec in aot.estimator_specialisations():
+    generic = aot.compile_one(aot.Specialisation(spec.dtype_name, spec.config), 90)
+    print(spec.describe(), "|", aot.resource_usage(aot.compile_one(spec, 90).asm["ptx"], 90), "|",
+          aot.resource_usage(generic.asm["ptx"], 90))
+"""
+
+
+def test_specialised_lane_kernels_compile_with_fewer_registers():
+    """Every on-policy estimator's lane kernel (fp32, every lane block, each bank mode) compiles
+    for sm_90 without a spill and with fewer registers than the kernel with every estimator: the
+    point of compiling one per estimator (a thread holds its whole group)."""
+    import re
+
+    from bonkernels.triton import aot
+
+    result = _run(["-c", SPECIALISED_PROBE], {}, 900)
+    assert result.returncode == 0, _tail(result)
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(aot.estimator_specialisations()) > 0, result.stdout
+    for line in lines:
+        usage = [re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", part) for part in line.split("|")[1:]]
+        assert len(usage) == 2 and all(usage), line
+        (registers, spilled), (generic_registers, _) = [(int(m.group(1)), int(m.group(2)) + int(m.group(3)))
+                                                        for m in usage]
+        assert spilled == 0 and registers < generic_registers, line
+
+
 def test_only_a_loaded_kernel_of_the_launch_shape_is_kept():
     """PreparedLaunch keeps a kernel for direct launches only when it is loaded (a function handle:
     a real launch on a GPU) and takes one parameter per argument it will be passed."""
-    from bonkernels.triton import aot
+    from bonkernels.triton import _sources, aot
     from bonkernels.triton.advantages import _directly_launchable
 
     config = _config.config_for_block(8, False, True)
     compiled = aot.compile_one(aot.Specialisation("fp32", config), 90)  # compiled, never loaded
     count = len(compiled.src.signature)
-    assert count == len(aot._signature("fp32"))
+    assert count == len(_sources.signature("fp32"))
     assert not _directly_launchable(compiled, count)
     assert not _directly_launchable(None, count)
 

@@ -271,13 +271,13 @@ def test_public_api_single_k_reads_a_bank(est, monkeypatch):
     from bonkernels.triton import advantages as launcher
 
     banked = []
-    launch = launcher.launch_arguments
+    arguments = launcher.PreparedLaunch.arguments
 
-    def spy(*args, **kwargs):
-        banked.append(kwargs.get("bank", args[13] if len(args) > 13 else None) is not None)
-        return launch(*args, **kwargs)
+    def spy(self, values, offsets, deltas, out, bank, bank_index):
+        banked.append(bank is not None)
+        return arguments(self, values, offsets, deltas, out, bank, bank_index)
 
-    monkeypatch.setattr(launcher, "launch_arguments", spy)
+    monkeypatch.setattr(launcher.PreparedLaunch, "arguments", spy)
     generator = torch.Generator().manual_seed(9000 + est.code)
     rewards = make_rewards([16] * 6, est, torch.float32, generator).view(6, 16)
     lengths = torch.tensor([16, 4, 9, 1, 13, 16], device=DEVICE)

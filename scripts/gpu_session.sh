@@ -5,7 +5,7 @@
 # check/{gpu_check.log,summary.json,stdout.txt} and limits/{REPORT.md,gpu_limits.json,stdout.txt};
 # copy them to bench/results/gpu_<machine>_<date>/ afterwards.
 #
-#     bash scripts/gpu_session.sh [extra gpu_check arguments, e.g. --deadline-s 380 --no-bare-route; the build alone took 110-175 s on one H200]
+#     bash scripts/gpu_session.sh [extra gpu_check arguments, e.g. --deadline-s 420 --no-bare-route; the build alone took 110-175 s on one H200, and the Triton sections compile each on-policy estimator's lane kernel, about a second each]
 #
 # The exit status is gpu_check's (0 only when every check passed); the timings run either way.
 set -u

@@ -21,6 +21,10 @@ LANE_WARPS = 1  # warps per program in lane mode: 32 groups each, so G = 1024 fi
 # an H200 at n = 16 (kernel time, maxk_loo1): spread 4.0 / 4.2 us against lanes 5.7 / 5.8 us at
 # G = 1,024 / 4,096; lanes 8.5 against 9.1 us at 16,384 and 2x faster from 65,536.
 LANE_MIN_GROUPS = 8192
+# An on-policy lane launch on a GPU runs the kernel compiled for its estimator (_sources.py): the
+# same arithmetic in far fewer registers. Off (`specialised_lanes(False)`): the kernel with every
+# estimator, which the spread layout and torch.compile's traced launches always take.
+SPECIALISED_LANES = True
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
                       torch.float64: "fp64"}
@@ -71,6 +75,18 @@ def lane_threshold(min_groups: int):
         yield
     finally:
         LANE_MIN_GROUPS = saved
+
+
+@contextlib.contextmanager
+def specialised_lanes(enabled: bool):
+    """Lane launches in this context run the estimator's own kernel (True) or the kernel with
+    every estimator (False; the GPU check compares the two bit for bit)."""
+    global SPECIALISED_LANES
+    saved, SPECIALISED_LANES = SPECIALISED_LANES, bool(enabled)
+    try:
+        yield
+    finally:
+        SPECIALISED_LANES = saved
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,7 +19,7 @@ import torch
 import triton
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import _config, _facts
+from . import _config, _facts, _sources
 from ._advantages_kernel import advantages_kernel
 
 def float64_bits(x: float) -> int:
@@ -58,11 +58,17 @@ def estimator_for_launch(code: int, deltas, bank):
 def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi,
                      mean_scale, small_groups, eps, block, bank=None, bank_index=None):
     """(grid, positional arguments, keyword arguments) of the kernel launch."""
-    est = estimator_for_launch(code, deltas, bank)
-    launch = PreparedLaunch(est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps,
-                            block, bank is not None)
-    config, grid, args = launch.arguments(values, offsets, deltas, out, bank, bank_index)
+    launch, config, grid, args = _prepared(values, offsets, deltas, out, k, code, clamp_delta, clip_lo,
+                                           clip_hi, mean_scale, small_groups, eps, block, bank, bank_index)
     return grid, args, dict(launch.kwargs(config))
+
+
+def _prepared(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
+              small_groups, eps, block, bank, bank_index):
+    """(PreparedLaunch, launch configuration, grid, positional arguments) of one launch."""
+    launch = PreparedLaunch(estimator_for_launch(code, deltas, bank), k, clamp_delta, clip_lo, clip_hi,
+                            mean_scale, small_groups, eps, block, bank is not None)
+    return (launch, *launch.arguments(values, offsets, deltas, out, bank, bank_index))
 
 
 class PreparedLaunch:
@@ -74,7 +80,9 @@ class PreparedLaunch:
     every global constant of the kernel on each call: tens of microseconds, several times the
     kernel of a small batch. Every integer argument of the kernel is unspecialised and no pointer
     is specialised on alignment, so for one estimator, dtype and launch configuration the compiled
-    kernel is always the same and can be kept after its first launch."""
+    kernel is always the same and can be kept after its first launch. An on-policy lane launch
+    takes, from its first call, the kernel compiled for its estimator (`specialised_lane_kernel`),
+    with the same arguments."""
 
     def __init__(self, est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, block,
                  has_bank):
@@ -82,13 +90,15 @@ class PreparedLaunch:
         self.est = est
         self.block = block
         self.has_bank = has_bank
-        self.scalars = (int(k), est.code, est.k_margin, int(est.uses_k),
-                        int(_facts.natural_mean(est)), int(has_bank), int(not est.order_free),
-                        int(small_groups), int(clamp_delta is not None),
-                        float64_bits(clamp_delta if clamp_delta is not None else 0.0),
-                        float64_bits(clip_lo), float64_bits(clip_hi), int(mean_scale), float64_bits(eps))
-        self._compiled = {}  # (CUDA device index, launch configuration) -> the compiled kernel
-        self.direct_launches = 0  # (the GPU check asks whether launches went direct)
+        self.constants = _sources.constants_of(est, has_bank)
+        self.scalars = ((int(k),) + self.constants.values()
+                        + (int(small_groups), int(clamp_delta is not None),
+                           float64_bits(clamp_delta if clamp_delta is not None else 0.0),
+                           float64_bits(clip_lo), float64_bits(clip_hi), int(mean_scale), float64_bits(eps)))
+        # (CUDA device index, launch configuration, specialised) -> the compiled kernel
+        self._compiled = {}
+        self.direct_launches = 0  # (the GPU check asks whether launches went direct
+        self.specialised_launches = 0  # and whether lane launches ran their estimator's kernel)
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
@@ -117,21 +127,58 @@ class PreparedLaunch:
         return config, (triton.cdiv(num_groups, config.groups),), args
 
     def launch(self, config, grid, args, values):
-        """Launch on the values' device and its current stream; directly once compiled there."""
-        key = (values.device.index, config)
-        compiled = self._compiled.get(key) if values.is_cuda else None
-        # (a count of groups beyond int32 changes the kernel's argument type: Triton's launch)
-        if compiled is None or args[6] >= 2**31 or _launch_hooks_set():
+        """Launch on the values' device and its current stream: an on-policy lane launch on a GPU
+        runs the kernel compiled for its estimator (_sources.py), any other launch Triton's own
+        until its kernel is compiled there, then that kernel directly."""
+        fits = _compiled_kernel_fits(values.is_cuda, args[6])
+        specialised = fits and runs_specialised(config)
+        key = (values.device.index, config, specialised)
+        compiled = self._compiled.get(key) if fits else None
+        if specialised and compiled is None:
+            compiled = self._compiled[key] = specialised_lane_kernel(
+                key[0], _config.TRITON_DTYPE_NAMES[values.dtype], config, self.constants)
+        hooks = _launch_hooks_set()
+        if compiled is None or (hooks and not specialised):
             with _launch_guard(values):
                 compiled = advantages_kernel[grid](*args, **self.kwargs(config))
-            if values.is_cuda and _directly_launchable(compiled, len(args) + len(self.constexpr_values(config))):
+            if fits and _directly_launchable(compiled, len(args) + len(self.constexpr_values(config))):
                 self._compiled[key] = compiled
             return
-        self.direct_launches += 1
         index = key[0]
+        arguments = args + self.constexpr_values(config)
         with _config.device_guard(values) if torch._C._cuda_getDevice() != index else nullcontext():
-            compiled.run(grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(index), compiled.function,
-                         compiled.packed_metadata, None, None, None, *args, *self.constexpr_values(config))
+            stream = torch._C._cuda_getCurrentRawStream(index)
+            if specialised:
+                self.specialised_launches += 1
+            if hooks:  # a profiler's hooks: Triton's runner of the compiled kernel calls them
+                compiled[(grid[0], 1, 1)](*arguments, stream=stream)
+                return
+            self.direct_launches += 1
+            compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *arguments)
+
+
+def _compiled_kernel_fits(on_gpu: bool, num_groups: int) -> bool:
+    """Whether a launch can take a kept or specialised kernel: on a GPU, and with a count of
+    groups within int32 (beyond, the argument's type changes: Triton's launch specialises it)."""
+    return on_gpu and num_groups < 2**31
+
+
+def runs_specialised(config: _config.LaunchConfig) -> bool:
+    """Whether a GPU launch of this configuration runs the kernel compiled for its estimator."""
+    return _sources.specialised_per_estimator(config) and _config.SPECIALISED_LANES
+
+
+@functools.lru_cache(maxsize=None)
+def specialised_lane_kernel(device_index: int, dtype_name: str, config: _config.LaunchConfig,
+                            constants: _sources.EstimatorConstants):
+    """The lane kernel compiled for one estimator on a device, loaded there (kept for the
+    process: a training run launches one or two)."""
+    with torch.cuda.device(device_index):
+        target = triton.runtime.driver.active.get_current_target()
+        compiled = _sources.compile_for(dtype_name, config, target, constants)
+        compiled._init_handles()
+    return compiled
 
 
 def _launch_hooks_set() -> bool:
@@ -154,12 +201,13 @@ def _directly_launchable(compiled, num_arguments: int) -> bool:
 
 def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
             small_groups, eps, block, bank, bank_index, wrap):
-    grid, args, kwargs = launch_arguments(values, offsets, deltas, out, k, code, clamp_delta,
-                                          clip_lo, clip_hi, mean_scale, small_groups, eps, block,
-                                          bank, bank_index)
-    kernel = wrap(advantages_kernel) if wrap is not None else advantages_kernel
-    with _launch_guard(values):
-        kernel[grid](*args, **kwargs)
+    launch, config, grid, args = _prepared(values, offsets, deltas, out, k, code, clamp_delta, clip_lo,
+                                           clip_hi, mean_scale, small_groups, eps, block, bank, bank_index)
+    if wrap is None:  # eager
+        launch.launch(config, grid, args, values)
+        return
+    with _launch_guard(values):  # traced by torch.compile: the generic kernel, Triton's launch
+        wrap(advantages_kernel)[grid](*args, **launch.kwargs(config))
 
 
 def _launch_guard(values):

@@ -7,7 +7,11 @@ CI compiles each specialisation for real GPU targets:
 
 A specialisation is (values dtype, BLOCK, and for the thread-per-group blocks whether the
 off-policy branch is in): the estimator, k and every option are runtime arguments, and BLOCK fixes
-the groups per program and the layout (see _config.py).
+the groups per program and the layout (see _config.py). A launch of the thread-per-group layout
+on a GPU compiles its kernel with the estimator's facts as constants (_sources.py; on-policy
+estimators): one per estimator, bank mode, dtype and block, too many to compile them all here, so
+`--estimators` compiles every estimator's in both bank modes at one dtype (fp32) and every lane
+block.
 """
 
 from __future__ import annotations
@@ -17,19 +21,24 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Optional
 
-from . import _config
+from . import _config, _facts, _sources
 
 
 @dataclass(frozen=True)
 class Specialisation:
     dtype_name: str  # triton name of the values/deltas/output dtype: fp16, bf16, fp32, fp64
     config: _config.LaunchConfig
+    constants: Optional[_sources.EstimatorConstants] = None  # a lane kernel's estimator
 
     def describe(self) -> str:
         c = self.config
         layout = "a thread per group" if c.lanes else "a group across threads"
         layout += "" if c.deltas else ", on-policy"
+        if self.constants is not None:
+            est = _facts.by_code(self.constants.code)
+            layout += f", {est.name}{' from a bank' if self.constants.has_bank else ''}"
         return (f"{self.dtype_name} BLOCK={c.block} GROUPS={c.groups} ({layout}) "
                 f"num_warps={c.num_warps}")
 
@@ -40,37 +49,26 @@ def specialisations() -> list[Specialisation]:
             for dtype in _config.VALUE_DTYPES for config in _config.all_configs()]
 
 
-def _signature(dtype_name: str) -> dict:
-    """The kernel's argument types as the launcher passes them (ints are i32: k, codes and group
-    counts fit; sizes and strides of the tensors are i64; float scalars travel as i64 bit
-    patterns)."""
-    ptr = "*" + dtype_name
-    return {
-        "values_ptr": ptr, "deltas_ptr": ptr, "offsets_ptr": "*i64", "out_ptr": ptr,
-        "bank_ptr": "*fp64", "bank_index_ptr": "*i64",
-        "num_groups": "i32", "num_values": "i64", "offsets_stride": "i64",
-        "bank_index_len": "i64", "k": "i32", "code": "i32", "k_margin": "i32", "uses_k": "i32",
-        "natural_mean": "i32", "has_bank": "i32", "sorts": "i32", "small_groups": "i32", "has_clamp": "i32",
-        "clamp_delta_bits": "i64", "clip_lo_bits": "i64", "clip_hi_bits": "i64",
-        "mean_scale": "i32", "eps_bits": "i64",
-        "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr", "GROUPS": "constexpr",
-        "LANES": "constexpr", "DELTAS": "constexpr",
-    }
+def estimator_specialisations(dtype_name: str = "fp32") -> list[Specialisation]:
+    """The lane kernel of every estimator whose lane launches are specialised, in each bank mode
+    it can be launched with, at every lane block and one dtype."""
+    specs = []
+    for block in _config.all_blocks():
+        for est in _facts.kernel_estimators():
+            config = _config.config_for_block(block, est.needs_deltas, True)
+            if not _sources.specialised_per_estimator(config):
+                continue
+            for has_bank in (False, True) if _facts.linear_in_tables(est) else (False,):
+                specs.append(Specialisation(dtype_name, config, _sources.constants_of(est, has_bank)))
+    return specs
 
 
 def compile_one(spec: Specialisation, arch: int):
     """Compile one specialisation for sm_<arch>; returns the compiled kernel (PTX and cubin)."""
-    import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from ._advantages_kernel import advantages_kernel
-
-    # no attributes: the kernel does not specialise on pointer alignment or integer values
-    source = ASTSource(fn=advantages_kernel, signature=_signature(spec.dtype_name),
-                       constexprs=spec.config.constexprs())
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": spec.config.num_warps})
+    return _sources.compile_for(spec.dtype_name, spec.config, GPUTarget("cuda", arch, 32),
+                                spec.constants)
 
 
 def resource_usage(ptx: str, arch: int) -> str:
@@ -150,8 +148,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", nargs="*", help="only these dtypes (fp16 bf16 fp32 fp64)")
     parser.add_argument("--block", type=int, nargs="*", help="only these blocks")
     parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
+    parser.add_argument("--estimators", action="store_true",
+                        help="the lane kernels specialised per estimator (fp32, lane blocks) instead")
     args = parser.parse_args(argv)
-    specs = [s for s in specialisations()
+    specs = [s for s in (estimator_specialisations() if args.estimators else specialisations())
              if (not args.dtype or s.dtype_name in args.dtype)
              and (not args.block or s.config.block in args.block)]
     start = time.perf_counter()
