@@ -888,7 +888,7 @@ def section_plans(ctx):
                             if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct_launches:
                                 problem = "the Triton plan never launched its compiled kernel directly"
                             if (problem is None and backend == "triton" and ctx.cuda and not est.needs_deltas
-                                    and n <= 16 and not plan._run.launch.specialised_launches):
+                                    and n <= 16 and max(Gs) >= 9000 and not plan._run.launch.specialised_launches):
                                 problem = "the Triton plan's lane launches (9,000 groups) never ran the estimator's kernel"
                         except Exception as error:
                             problem = f"raised {type(error).__name__}: {str(error)[:300]}"
