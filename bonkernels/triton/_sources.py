@@ -12,8 +12,9 @@ the call reads a bank), the other estimators' code folds away: at float32 and BL
 maxk_loo1 from a bank needs 166 registers, grpo 114, maxrl 84 (`python -m bonkernels.triton.aot
 --estimators` lists them all). The source is the same kernel and the constants only remove
 branches, so the arithmetic is the same (the GPU check compares the two kernels bit for bit); a
-launch compiles the specialisation it needs on first use (about a second) and keeps it. The spread layout (larger blocks, small batches) keeps its one
-kernel per block and dtype: its tiles are spread over many threads and do not crowd registers.
+launch compiles the specialisation it needs on first use (about a second) and keeps it. The
+spread layout (larger blocks, small batches) keeps its one kernel per block and dtype: its tiles
+are spread over many threads and do not crowd registers.
 So does the off-policy lane kernel: it spills with or without the other estimators (at BLOCK = 16,
 136/264 bytes stored/loaded with them; 216/216 specialised for a call from a bank), so
 specialising it trades one spill for another, and a GPU has to say which is faster.
