@@ -89,6 +89,43 @@ def test_ragged_batch_all_sizes(est, dtype):
         assert_matches(got, want, dtype, f"{est.name} k={k} {dtype}")
 
 
+PACKED = [e for e in NATIVE if e.name in ("grpo", "rloo", "dr_grpo", "maxrl")]
+
+
+@pytest.mark.parametrize("est", PACKED, ids=lambda e: e.name)
+def test_groups_computed_together_equal_groups_alone(est):
+    """The CPU kernel computes consecutive groups of one size up to 32 several at a time (one per
+    vector lane, csrc/include/bonkernels/pack_exec.h): a group's values must not depend on its
+    neighbours. Every group of a batch, to the bit, as the same group alone; batches of an odd
+    count, runs of equal sizes inside ragged batches, a group with a NaN among packable ones,
+    constant and extreme groups; and within tolerance of the reference."""
+    gen = torch.Generator().manual_seed(4242 + est.code)
+    layouts = [[n] * 7 for n in (1, 2, 5, 8, 9, 16, 17, 32)] + [[3, 3, 4, 4, 4, 33, 33, 16, 16, 1]]
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        for sizes in layouts:
+            values, offsets, _ = make_batch(sizes, est, dtype, gen)
+            if len(sizes) == 7:
+                n = sizes[0]
+                values[n:2 * n] = 0.5                           # a constant group
+                if dtype == torch.float64:
+                    values[2 * n:3 * n] *= 1e307               # sums that overflow: the rescaled path
+                values[5 * n] = float("nan")                    # a NaN group between packable ones
+            for eps, mean_scale, clip in ((1e-6, True, (-math.inf, math.inf)), (0.0, False, (-0.5, 2.0))):
+                args = (values, offsets, None, 1, est.code, None, clip[0], clip[1], mean_scale, 2, eps, None)
+                together = _native.advantages_packed(*args)
+                for g in range(len(sizes)):
+                    lo, hi = int(offsets[g]), int(offsets[g + 1])
+                    alone = _native.advantages_packed(values[lo:hi].clone(), torch.tensor([0, hi - lo]), *args[2:])
+                    assert torch.equal(together[lo:hi].view(-1).double().nan_to_num(7.0),
+                                       alone.double().nan_to_num(7.0)), (est.name, dtype, sizes, g)
+                want = reference.advantages_packed(*args)
+                kept = torch.ones(len(values), dtype=torch.bool)
+                if len(sizes) == 7:  # (the NaN contract and the float64 limit are tested elsewhere)
+                    kept[2 * sizes[0]:3 * sizes[0]] = False
+                    kept[5 * sizes[0]:6 * sizes[0]] = False
+                assert_matches(together[kept], want[kept], dtype, f"{est.name} {dtype} {sizes} eps={eps}")
+
+
 @pytest.mark.parametrize("est", NATIVE, ids=lambda e: e.name)
 def test_every_small_size_and_k(est):
     """n = 1..40, every k up to n, ties, sum and mean scales, all three small-group modes."""

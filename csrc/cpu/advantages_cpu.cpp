@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bonkernels/lane_exec.h"
+#include "bonkernels/pack_exec.h"
 #include "bonkernels/serial_exec.h"
 
 namespace bk {
@@ -86,12 +87,60 @@ void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, cons
   else lane_group_sized<W, false>(v, d, out, n, p, scratch);
 }
 
+// Groups per pack of the pack executor: two doubles, one register at the x86-64 baseline (SSE2),
+// which this build targets. Measured at n = 16: 1.6-1.9x the lane executor's speed with packs of
+// two, 1.2-1.4x with packs of four (split in two registers); four would pay with AVX.
+constexpr int kPackGroups = 2;
+
+// kPackGroups consecutive groups of n <= W samples at v, for an estimator the pack executor takes
+// (pack_takes): the same values, to the bit, as lane_group gives one group at a time.
+template <int W, bool kFull, typename scalar_t>
+void pack_groups_sized(const scalar_t* v, scalar_t* out, int n, const Params& p) {
+  constexpr int L = kPackGroups;
+  struct Store {  // the natural value of slot s of every group, scaled, clipped and rounded
+    scalar_t* out;
+    int n;
+    const Params* p;
+    void operator()(int s, Pack<L> value) {
+      for (int l = 0; l < L; ++l)
+        out[l * n + s] = static_cast<scalar_t>(clip_value(*p, scale_value(*p, n, value.v[l], false)));
+    }
+  };
+  using Ex = PackExec<W, L, Store, kFull>;
+  Ex ex;
+  ex.set_size(n);
+  ex.sink = Store{out, n, &p};
+  typename Ex::Vec x;
+  for (int s = 0; s < n; ++s)
+    for (int l = 0; l < L; ++l) x[s].v[l] = double(v[l * n + s]);
+  centred_values(ex, p.code, p.eps, x, [&](int s, Pack<L> value) { ex.emit(s, value); });
+}
+
+// Groups that fill the W slots take the variant with the size a constant (no masks).
+template <int W, typename scalar_t>
+void pack_groups(const scalar_t* v, scalar_t* out, int n, const Params& p) {
+  if (n == W) pack_groups_sized<W, true>(v, out, n, p);
+  else pack_groups_sized<W, false>(v, out, n, p);
+}
+
+// Whether groups g .. g + kPackGroups - 1 all hold n finite rewards, one after the other.
+template <typename scalar_t>
+bool packable(const scalar_t* values, const int64_t* offsets, int64_t g, int n) {
+  const int64_t base = offsets[g];
+  for (int l = 1; l <= kPackGroups; ++l)
+    if (offsets[g + l] != base + int64_t(l) * n) return false;
+  for (int i = 0; i < kPackGroups * n; ++i)
+    if (!std::isfinite(double(values[base + i]))) return false;
+  return true;
+}
+
 template <typename scalar_t>
 void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* deltas, scalar_t* out,
                 int64_t num_groups, int64_t total, const Params& p, int64_t bound) {
   const int64_t mean_size = num_groups > 0 ? total / num_groups : 1;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mean_size));
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
+  const bool packs = pack_takes(p);
   at::parallel_for(0, num_groups, grain, [&](int64_t g_begin, int64_t g_end) {
     SerialExec ex;
     SortScratch scratch;
@@ -106,6 +155,15 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
         continue;
       }
       const int n = int(size);
+      // several groups of one size at once (the width chosen as for one group below, so the
+      // same reductions); a group with a NaN or inf goes alone (the NaN contract)
+      if (packs && n <= kLaneWidthMax && g + kPackGroups <= g_end && packable(values, offsets, g, n)) {
+        if (n <= 8) pack_groups<8>(values + base, out + base, n, p);
+        else if (n <= 16) pack_groups<16>(values + base, out + base, n, p);
+        else pack_groups<kLaneWidthMax>(values + base, out + base, n, p);
+        g += kPackGroups - 1;
+        continue;
+      }
       const scalar_t* d = off_policy ? deltas + base : nullptr;
       if (n <= 8) {
         lane_group<8>(values + base, d, out + base, n, p, scratch);

@@ -2,7 +2,8 @@
 // k-subsets, for n = 1..9 and every k, on random rewards with ties. Run by ctest (CMakeLists.txt).
 // Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
 // ScanTablesExec (tables from the generic product scan, what the CUDA executors run); the lane
-// executor as the CUDA kernel's wide lane (W = 32) is checked against the plain lane, and the
+// executor as the CUDA kernel's wide lane (W = 32) is checked against the plain lane, the pack
+// executor (several groups per vector register, the CPU kernel) against the lane executor, and the
 // segment executor (the CUDA kernel of groups of 17..512) against SerialExec, its lanes played by
 // host threads.
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "bonkernels/group_math.h"
 #include "bonkernels/lane_exec.h"
+#include "bonkernels/pack_exec.h"
 #include "bonkernels/segment_exec.h"
 #include "bonkernels/serial_exec.h"
 
@@ -890,6 +892,99 @@ void check_wide_lane_sizes() {
   }
 }
 
+// ---------------------------------------------------------------- the pack executor
+
+// One group's natural values on the lane executor of width W, in the given slot order.
+template <int W>
+std::vector<double> lane_values(int code, const std::vector<double>& g, double eps) {
+  const bk::Params p = call_params(code, 1, eps, nullptr);
+  bk::LaneExec<W> ex;
+  ex.set_size(int(g.size()));
+  typename bk::LaneExec<W>::Vec x, d;
+  for (size_t s = 0; s < g.size(); ++s) x[int(s)] = g[s], d[int(s)] = 0.0;
+  bk::compute_group(ex, p, x, d);
+  return std::vector<double>(ex.sink.v, ex.sink.v + g.size());
+}
+
+// L groups of n at once (centred_values on PackExec): every lane must give the lane executor's
+// bits for its group.
+template <int W, int L>
+void check_pack(int code, const std::vector<std::vector<double>>& groups, double eps) {
+  const int n = int(groups[0].size());
+  struct Slots {
+    double v[W][L];
+    void operator()(int s, bk::Pack<L> value) {
+      for (int l = 0; l < L; ++l) v[s][l] = value.v[l];
+    }
+  };
+  bk::PackExec<W, L, Slots> ex;
+  ex.set_size(n);
+  typename bk::PackExec<W, L, Slots>::Vec x;
+  for (int s = 0; s < n; ++s)
+    for (int l = 0; l < L; ++l) x[s].v[l] = groups[l][s];
+  bk::centred_values(ex, code, eps, x, [&](int s, bk::Pack<L> value) { ex.emit(s, value); });
+  for (int l = 0; l < L; ++l) {
+    const std::vector<double> want = lane_values<W>(code, groups[l], eps);
+    for (int s = 0; s < n; ++s) {
+      ++checks;
+      if (std::memcmp(&ex.sink.v[s][l], &want[s], sizeof(double)) != 0) {
+        if (failures < 20)
+          std::printf("FAIL pack<%d,%d> code=%d n=%d lane=%d slot=%d: got %.17g want %.17g\n", W, L, code, n, l, s,
+                      ex.sink.v[s][l], want[s]);
+        ++failures;
+      }
+    }
+  }
+}
+
+// Packs of random groups and of the groups with rare paths, mixed in one pack: constant groups,
+// sums that overflow (the 2^-64 rescaling in one lane only), subnormal spreads, a zero mean.
+template <int W>
+void check_packs_of_width(std::mt19937_64& rng) {
+  constexpr int L = 2;
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  for (int n = 1; n <= W; ++n) {
+    for (int rep = 0; rep < 6; ++rep) {
+      std::vector<std::vector<double>> groups(L, std::vector<double>(n));
+      for (int l = 0; l < L; ++l) {
+        const int kind = rep == 0 ? 0 : (l + rep) % 6;
+        for (int i = 0; i < n; ++i) {
+          double v = uni(rng);
+          if (kind == 1) v = 0.75;                                     // constant
+          if (kind == 2) v = (i % 2 ? 1.7e308 : -1.1e308) * (0.5 + 0.5 * std::fabs(v));  // overflowing sums
+          if (kind == 3) v = v * 1e-310;                               // subnormal
+          if (kind == 4) v = i % 2 ? 0.5 : -0.5;                       // zero mean at even n
+          if (kind == 5) v = std::round(v);                            // ties, -0.0
+          groups[l][i] = v;
+        }
+      }
+      for (int code : {bk::GRPO, bk::RLOO, bk::DR_GRPO, bk::MAXRL})
+        for (double eps : {1e-6, 0.0}) check_pack<W, L>(code, groups, eps);
+    }
+  }
+}
+
+void check_packs() {
+  std::mt19937_64 rng(777);
+  check_packs_of_width<8>(rng);
+  check_packs_of_width<16>(rng);
+  check_packs_of_width<32>(rng);
+  // the helpers' lane-wise meaning
+  const bk::Pack<2>::Raw raw_b = {1.0, -2.0}, raw_c = {NAN, 0x1p-1074};
+  const bk::Pack<2> a = bk::Pack<2>(-0.0), b = bk::Pack<2>::of(raw_b), c = bk::Pack<2>::of(raw_c);
+  const bk::Pack<2> chosen_b = bk::select(b > 0.0, b, a), chosen_c = bk::select(c > 0.0, c, a);
+  const bk::Pack<2> magnitude = bk::bk_abs(b), larger = bk::MaxOp()(c, b);
+  const bool helpers = chosen_b.v[0] == 1.0 && std::signbit(chosen_b.v[1]) && std::signbit(chosen_c.v[0]) &&
+                       chosen_c.v[1] == 0x1p-1074 && magnitude.v[0] == 1.0 && magnitude.v[1] == 2.0 &&
+                       larger.v[0] == 1.0 && larger.v[1] == 0x1p-1074 && bk::any_lane(b > 0.0) &&
+                       !bk::any_lane(b > 5.0) && std::signbit(a.v[0]) && std::signbit(a.v[1]);
+  ++checks;
+  if (!helpers) {
+    std::printf("FAIL pack helpers\n");
+    ++failures;
+  }
+}
+
 int main() {
   check_division_ftz();
   check_sorts();
@@ -917,6 +1012,7 @@ int main() {
   check_wide_lane_sizes();
   check_on_policy_lane();
   check_segments();
+  check_packs();
   check_non_finite();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;

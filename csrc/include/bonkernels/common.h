@@ -265,6 +265,8 @@ struct GroupDivisor {
   }
 };
 
+BK_HD GroupDivisor group_divisor(double denominator) { return GroupDivisor(denominator); }
+
 // Natural value -> requested scale -> too-small zeroing (finish_value then clips).
 BK_HD double scale_value(const Params& p, int n, double natural, bool zero) {
   double a = natural;
@@ -292,8 +294,12 @@ struct DVec {
   double v[M];
 };
 
+// The operators take doubles, and (the templates) the host's packs of several groups' values
+// (pack_exec.h); the double overloads keep mixed float/double calls as they were.
 struct SumOp {
   BK_HD double operator()(double a, double b) const { return a + b; }
+  template <class T>
+  BK_HD T operator()(const T& a, const T& b) const { return a + b; }
   template <int M>
   BK_HD DVec<M> operator()(const DVec<M>& a, const DVec<M>& b) const {
     DVec<M> r;
@@ -307,6 +313,8 @@ struct ProdOp {
 };
 struct MaxOp {
   BK_HD double operator()(double a, double b) const { return a > b ? a : b; }
+  template <class T>
+  BK_HD T operator()(const T& a, const T& b) const { return select(a > b, a, b); }
 };
 struct MinOp {
   BK_HD double operator()(double a, double b) const { return a < b ? a : b; }
@@ -315,6 +323,20 @@ struct MinOp {
 // c ? a : b, component by component (a ternary on structs makes nvcc select between addresses,
 // which puts both operands in local memory).
 BK_HD double select(bool c, double a, double b) { return c ? a : b; }
+
+// Code that runs on one group's doubles here and on several groups at once on the host's pack
+// executor (pack_exec.h overloads these for its packs): whether the condition holds for some
+// group, |x|, and a divisor shared by a group's samples.
+BK_HD bool any_lane(bool c) { return c; }
+BK_HD double bk_abs(double x) { return ::fabs(x); }
+// (|x| of a float array's entry in float: widening first cost the wide lane kernel 18 registers.)
+BK_HD float bk_abs(float x) { return ::fabsf(x); }
+// c ? a() : b(), evaluating only the branch taken (a pack evaluates both and selects by lane):
+// an eager select would make the device compute a division the ternary skips, and hold it.
+template <class A, class B>
+BK_HD auto choose(bool c, A a, B b) -> decltype(a()) {
+  return c ? a() : b();
+}
 template <int M>
 BK_HD DVec<M> select(bool c, const DVec<M>& a, const DVec<M>& b) {
   DVec<M> r;

@@ -9,11 +9,14 @@
 //   * SerialExec (serial_exec.h): one CPU thread walks a larger group; tables cached per (n, k);
 //   * SegmentExec (segment_exec.h): P lanes per group of up to 16 P samples, 16 ranks per lane,
 //     shuffles between them (the CUDA kernel of groups of 17..512);
-//   * the CUDA block executor (csrc/cuda): one block per group (513..4096), shuffles and shared memory.
+//   * the CUDA block executor (csrc/cuda): one block per group (513..4096), shuffles and shared memory;
+//   * PackExec (pack_exec.h): the CPU kernel's groups of one size, two at a time in vector
+//     registers, for centred_values only (grpo, rloo, dr_grpo, maxrl; real_t below).
 //
 // Executor interface (Ex):
 //   int n;                                       group size (> 0 when compute_group runs)
-//   Ex::Vec                                      per-position storage, v[s] is a double&
+//   Ex::Vec                                      per-position storage, v[s] is a double& (PackExec:
+//                                                a pack of doubles, Ex::Real)
 //   void alloc(Vec&)                             make a Vec usable
 //   for_each(f)                                  f(s, j) for every slot s holding rank j <= n
 //   scan(reverse, id, op, term, consume)         consume(s, j, op-fold of term over ranks before j
@@ -52,32 +55,53 @@ BK_HD void weights_by_scan(Ex& ex, int N, int K, typename Ex::Vec& at, typename 
           });
 }
 
+// The type of one group's sums and products: double, or on the host's pack executor
+// (pack_exec.h) a pack holding several groups' values, one per vector lane. The code written over
+// it (first_value, group_centre, zscore_emit, centred_values) reads group-dependent conditions
+// through select and any_lane, so it means the same for one group and for a pack.
+template <class Ex, class = void>
+struct real_of {
+  using type = double;
+};
+template <class Ex>
+struct real_of<Ex, std::void_t<typename Ex::Real>> {
+  using type = typename Ex::Real;
+};
+template <class Ex>
+using real_t = typename real_of<Ex>::type;
+
 // The value at rank 1 (slot of the smallest x, or of the first sample for the order-free
 // estimators): a sum with one non-zero term, so it is exact and a NaN or inf passes through.
 template <class Ex, class V>
-BK_HD double first_value(Ex& ex, V& v) {
-  return ex.reduce(0.0, SumOp(), [&](int s, int j) { return j == 1 ? v[s] : 0.0; });
+BK_HD real_t<Ex> first_value(Ex& ex, V& v) {
+  using R = real_t<Ex>;
+  return ex.reduce(R(0.0), SumOp(), [&](int s, int j) { return j == 1 ? R(v[s]) : R(0.0); });
 }
 
 // The group mean as x_0 + mean(x - x_0) around a group element x_0: a constant group's mean is
 // exactly its value, so its residues x - mean are exactly 0 (not rounding noise). When the sum of
 // residues overflows (values near the largest double), everything is first scaled by 2^-64 (an
 // exact rescaling); residue(v) = (v - mean) * shrink then stays finite, whatever the spread.
+template <class R>
 struct Centre {
-  double shrink;  // 1, or 2^-64 for extreme values
-  double mean;    // the group mean times shrink
-  BK_HD double residue(double v) const { return v * shrink - mean; }  // (v - mean) * shrink
-  BK_HD double unshrink(double r) const { return shrink == 1.0 ? r : r * 0x1p64; }  // r / shrink, exact
+  R shrink;  // 1, or 2^-64 for extreme values
+  R mean;    // the group mean times shrink
+  BK_HD R residue(R v) const { return v * shrink - mean; }  // (v - mean) * shrink
+  BK_HD R unshrink(R r) const {  // r / shrink, exact
+    return choose(shrink == 1.0, [&] { return r; }, [&] { return r * 0x1p64; });
+  }
 };
 
 template <class Ex, class V>
-BK_HD Centre group_centre(Ex& ex, V& v) {
-  const double pivot = first_value(ex, v);
-  double shrink = 1.0;
-  double offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] - pivot; });
-  if (!(::fabs(offset) < BK_INF) && ::fabs(pivot) < BK_INF) {
-    shrink = 0x1p-64;
-    offset = ex.reduce(0.0, SumOp(), [&](int s, int) { return v[s] * shrink - pivot * shrink; });
+BK_HD Centre<real_t<Ex>> group_centre(Ex& ex, V& v) {
+  using R = real_t<Ex>;
+  const R pivot = first_value(ex, v);
+  R shrink = R(1.0);
+  R offset = ex.reduce(R(0.0), SumOp(), [&](int s, int) { return v[s] - pivot; });
+  const auto overflowed = !(bk_abs(offset) < BK_INF) && bk_abs(pivot) < BK_INF;
+  if (any_lane(overflowed)) {  // (a group with shrink 1 sums its residues again, to the same bits)
+    shrink = select(overflowed, R(0x1p-64), shrink);
+    offset = ex.reduce(R(0.0), SumOp(), [&](int s, int) { return v[s] * shrink - pivot * shrink; });
   }
   return {shrink, pivot * shrink + bk_div_moderate(offset, double(ex.n))};
 }
@@ -268,23 +292,52 @@ BK_HD void maxk_values(Ex& ex, Tables& t, Vec& x, Out out) {
 // of two of the largest one before squaring, so the std neither overflows nor underflows.
 template <class Ex, class Emit>
 BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emit emit) {
+  using R = real_t<Ex>;
   const int n = ex.n;
-  const Centre c = group_centre(ex, v);
-  const double largest = ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(c.residue(v[s])); });
-  const Pow2Scale r = pow2_scale(largest);
-  const double ss = ex.reduce(0.0, SumOp(), [&](int s, int) {
-    const double t = c.residue(v[s]) * r.shrink;
+  const Centre<R> c = group_centre(ex, v);
+  const R largest = ex.reduce(R(0.0), MaxOp(), [&](int s, int) { return bk_abs(c.residue(v[s])); });
+  const auto r = pow2_scale(largest);
+  const R ss = ex.reduce(R(0.0), SumOp(), [&](int s, int) {
+    const R t = c.residue(v[s]) * r.shrink;
     return t * t;
   });
-  const double sd_r = bk_sqrt(bk_div_moderate(ss, double(n - 1 < 1 ? 1 : n - 1)));  // std * c.shrink * r.shrink
-  const double scale = rtol > 0.0 ? ex.reduce(0.0, MaxOp(), [&](int s, int) { return ::fabs(v[s]); }) : 0.0;
-  const bool constant = n < 2 || sd_r * r.grow <= rtol * scale * c.shrink;
+  const R sd_r = bk_sqrt(bk_div_moderate(ss, double(n - 1 < 1 ? 1 : n - 1)));  // std * c.shrink * r.shrink
+  const R scale = rtol > 0.0 ? ex.reduce(R(0.0), MaxOp(), [&](int s, int) { return bk_abs(v[s]); }) : R(0.0);
+  const auto constant = n < 2 || sd_r * r.grow <= rtol * scale * c.shrink;
   // Numerator and denominator both carry c.shrink * r.shrink: the residues are at most 4 and the
   // std is at least ~1/n there, so one moderate division per sample suffices. An eps term above
   // 2^1000 (values below ~2^-998 either way) is capped to keep the estimate in range.
-  const double eps_r = eps * c.shrink * r.shrink;
-  const GroupDivisor by_denom(sd_r + (eps_r < 0x1p1000 ? eps_r : 0x1p1000));
-  ex.for_each([&](int s, int) { emit(s, constant ? 0.0 : by_denom(c.residue(v[s]) * r.shrink)); });
+  const R eps_r = eps * c.shrink * r.shrink;
+  const auto by_denom = group_divisor(sd_r + select(eps_r < 0x1p1000, eps_r, R(0x1p1000)));
+  ex.for_each([&](int s, int) {
+    emit(s, choose(constant, [] { return R(0.0); }, [&] { return by_denom(c.residue(v[s]) * r.shrink); }));
+  });
+}
+
+// grpo, rloo, dr_grpo and maxrl, the estimators computed from the group's centre alone (order
+// free): emit(s, natural value). Written over real_t<Ex>, so the host's pack executor runs the
+// same code on several groups at once.
+template <class Ex, class Emit>
+BK_HD void centred_values(Ex& ex, int code, double eps, typename Ex::Vec& x, Emit emit) {
+  using R = real_t<Ex>;
+  const int n = ex.n;
+  if (code == GRPO) {
+    zscore_emit(ex, x, eps, 0.0, emit);
+    return;
+  }
+  const Centre<R> c = group_centre(ex, x);
+  if (code == RLOO) {  // x - mean of the others = (x - mean) n / (n - 1) (mean scale); 0 for a singleton
+    const R factor = bk_div_moderate(R(double(n)), R(double(n - 1 < 1 ? 1 : n - 1)) * c.shrink);
+    ex.for_each([&](int s, int) { emit(s, n > 1 ? c.residue(x[s]) * factor : R(0.0)); });
+  } else if (code == DR_GRPO) {
+    ex.for_each([&](int s, int) { emit(s, c.unshrink(c.residue(x[s]))); });
+  } else {  // MAXRL: (x - mean) / mean, 0 for every sample when the mean is 0 (spec 12)
+    const auto m = pow2_scale(bk_abs(c.mean));  // mean * m.shrink in [1, 4): a moderate division
+    const auto by_mean = group_divisor(c.mean * m.shrink);  // (both terms carry the same shrink)
+    ex.for_each([&](int s, int) {
+      emit(s, choose(c.mean == 0.0, [] { return R(0.0); }, [&] { return by_mean(c.residue(x[s]) * m.shrink); }));
+    });
+  }
 }
 
 // One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
@@ -394,7 +447,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case BON_MAX_MEAN: {
-      const Centre c = group_centre(ex, x);
+      const auto c = group_centre(ex, x);
       const double top = ex.reduce(-BK_INF, MaxOp(), [&](int s, int) { return x[s]; });
       ex.for_each([&](int s, int) { emit(s, x[s] == top ? c.unshrink(c.residue(x[s])) : 0.0); });
       return;
@@ -463,28 +516,18 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       ex.for_each([&](int s, int) { emit(s, (x[s] == 1.0 ? correct_weight : wrong_weight) * nd); });
       return;
     }
-    case GRPO:
-      zscore_emit(ex, x, p.eps, 0.0, emit);
+    case GRPO:  // (each with its code a constant, so the device folds the dispatch away)
+      centred_values(ex, GRPO, p.eps, x, emit);
       return;
-    case RLOO: {  // x - mean of the others = (x - mean) n / (n - 1) (mean scale); 0 for a singleton
-      const Centre c = group_centre(ex, x);
-      const double factor = bk_div_moderate(nd, double(n - 1 < 1 ? 1 : n - 1) * c.shrink);
-      ex.for_each([&](int s, int) { emit(s, n > 1 ? c.residue(x[s]) * factor : 0.0); });
+    case RLOO:
+      centred_values(ex, RLOO, p.eps, x, emit);
       return;
-    }
-    case DR_GRPO: {
-      const Centre c = group_centre(ex, x);
-      ex.for_each([&](int s, int) { emit(s, c.unshrink(c.residue(x[s]))); });
+    case DR_GRPO:
+      centred_values(ex, DR_GRPO, p.eps, x, emit);
       return;
-    }
-    case MAXRL: {  // (x - mean) / mean, 0 for every sample when the mean is 0 (spec 12)
-      const Centre c = group_centre(ex, x);  // both terms carry the same shrink
-      const Pow2Scale m = pow2_scale(::fabs(c.mean));  // mean * m.shrink in [1, 4): a moderate division
-      const double mean_m = c.mean * m.shrink;
-      const GroupDivisor by_mean(mean_m);
-      ex.for_each([&](int s, int) { emit(s, c.mean == 0.0 ? 0.0 : by_mean(c.residue(x[s]) * m.shrink)); });
+    case MAXRL:
+      centred_values(ex, MAXRL, p.eps, x, emit);
       return;
-    }
     default:
       ex.for_each([&](int s, int) { emit(s, BK_NAN); });
       return;

@@ -1,0 +1,185 @@
+// Pack executor (host only): the CPU kernel's small groups of one size, L groups at a time, one
+// group per lane of a vector register. The per-group code is group_math.h's, written over
+// real_t<Ex>: here a Pack of L doubles, so every sum, product, division and square root of one
+// group runs on all L at once, and a long per-group chain (the centre, the largest residue, the
+// sum of squares, a square root, then a division per sample) overlaps across the L groups. Each
+// lane sees exactly the operations, in the same order, that the lane executor applies to one
+// group, so the results are the same to the bit (test_group_math compares them).
+//
+// It takes the order-free estimators computed from the group's centre (centred_values: grpo,
+// rloo, dr_grpo, maxrl) on finite rewards; the CPU kernel sends every other group to the lane
+// executor.
+#pragma once
+
+#include <stdint.h>
+
+#include <cmath>
+
+#include "bonkernels/common.h"
+#include "bonkernels/group_math.h"
+#include "bonkernels/lane_exec.h"
+
+namespace bk {
+
+// The vector types of L lanes (GCC's vector extension; its size cannot depend on a template
+// argument, hence one specialisation per L).
+template <int L>
+struct PackTypes;
+template <>
+struct PackTypes<2> {
+  typedef double Values __attribute__((vector_size(16)));
+  typedef int64_t Bits __attribute__((vector_size(16)));
+};
+
+// L doubles, one per group, and a per-lane condition (all bits set where it holds).
+template <int L>
+struct Mask {
+  typedef typename PackTypes<L>::Bits Raw;
+  Raw m;
+};
+
+template <int L>
+struct Pack {
+  typedef typename PackTypes<L>::Values Raw;
+  Raw v;
+  Pack() = default;
+  BK_HD Pack(double x) {  // every lane x (by lane, so -0.0 and NaN keep their bits)
+    for (int l = 0; l < L; ++l) v[l] = x;
+  }
+  BK_HD static Pack of(Raw raw) {
+    Pack p;
+    p.v = raw;
+    return p;
+  }
+};
+
+#define BK_PACK_ARITHMETIC(op)                                                                   \
+  template <int L>                                                                               \
+  BK_HD Pack<L> operator op(Pack<L> a, Pack<L> b) { return Pack<L>::of(a.v op b.v); }           \
+  template <int L>                                                                               \
+  BK_HD Pack<L> operator op(Pack<L> a, double b) { return Pack<L>::of(a.v op b); }              \
+  template <int L>                                                                               \
+  BK_HD Pack<L> operator op(double a, Pack<L> b) { return Pack<L>::of(a op b.v); }
+BK_PACK_ARITHMETIC(+)
+BK_PACK_ARITHMETIC(-)
+BK_PACK_ARITHMETIC(*)
+BK_PACK_ARITHMETIC(/)
+#undef BK_PACK_ARITHMETIC
+
+#define BK_PACK_COMPARISON(op)                                                                   \
+  template <int L>                                                                               \
+  BK_HD Mask<L> operator op(Pack<L> a, Pack<L> b) { return {a.v op b.v}; }                      \
+  template <int L>                                                                               \
+  BK_HD Mask<L> operator op(Pack<L> a, double b) { return {a.v op b}; }
+BK_PACK_COMPARISON(<)
+BK_PACK_COMPARISON(<=)
+BK_PACK_COMPARISON(>)
+BK_PACK_COMPARISON(==)
+#undef BK_PACK_COMPARISON
+
+template <int L>
+BK_HD Mask<L> operator!(Mask<L> a) { return {~a.m}; }
+template <int L>
+BK_HD Mask<L> operator&&(Mask<L> a, Mask<L> b) { return {a.m & b.m}; }  // lane by lane (both evaluated)
+template <int L>
+BK_HD Mask<L> operator||(bool a, Mask<L> b) {  // a condition of every lane, or one by lane
+  return a ? Mask<L>{~typename Mask<L>::Raw{}} : b;
+}
+
+// The overloads of common.h's helpers for packs, lane by lane.
+template <int L>
+BK_HD bool any_lane(Mask<L> c) {
+  int64_t any = 0;
+  for (int l = 0; l < L; ++l) any |= c.m[l];
+  return any != 0;
+}
+template <int L>
+BK_HD Pack<L> select(Mask<L> c, Pack<L> a, Pack<L> b) {  // lane by lane (select(a > b, a, b): maxpd)
+  return Pack<L>::of(c.m ? a.v : b.v);
+}
+template <int L, class A, class B>
+BK_HD Pack<L> choose(Mask<L> c, A a, B b) {  // both branches, selected lane by lane
+  return select(c, Pack<L>(a()), Pack<L>(b()));
+}
+template <int L>
+BK_HD Pack<L> bk_abs(Pack<L> x) {
+  typedef typename Mask<L>::Raw Bits;
+  return Pack<L>::of((typename Pack<L>::Raw)((Bits)x.v & INT64_MAX));
+}
+template <int L>
+BK_HD Pack<L> bk_sqrt(Pack<L> x) {
+  Pack<L> r;
+  for (int l = 0; l < L; ++l) r.v[l] = bk_sqrt(x.v[l]);
+  return r;
+}
+template <int L>
+BK_HD Pack<L> bk_div_moderate(Pack<L> a, Pack<L> b) { return a / b; }  // host: an IEEE division
+template <int L>
+BK_HD Pack<L> bk_div_moderate(Pack<L> a, double b) { return a / b; }
+
+template <int L>
+struct PackScale {
+  Pack<L> shrink, grow;
+};
+template <int L>
+BK_HD PackScale<L> pow2_scale(Pack<L> a) {
+  PackScale<L> r;
+  for (int l = 0; l < L; ++l) {
+    const Pow2Scale s = pow2_scale(a.v[l]);
+    r.shrink.v[l] = s.shrink;
+    r.grow.v[l] = s.grow;
+  }
+  return r;
+}
+
+template <int L>
+struct PackDivisor {  // GroupDivisor of a pack: on the host an IEEE division per sample
+  Pack<L> b;
+  BK_HD Pack<L> operator()(Pack<L> a) const { return a / b; }
+};
+template <int L>
+BK_HD PackDivisor<L> group_divisor(Pack<L> b) { return {b}; }
+
+// L groups of n <= W samples each, slot s of every group in one Pack; emit(s, value) hands the
+// caller slot s of all L groups.
+template <int W, int L, class Sink, bool kFull = false>
+struct PackExec : LaneSize<W, kFull> {  // (kFull: groups of exactly W, the masks fold away)
+  using Real = Pack<L>;
+  struct Vec {
+    Pack<L> v[W];
+    BK_HD Pack<L>& operator[](int s) { return v[s]; }
+  };
+
+  using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
+  Sink sink;
+
+  BK_HD void alloc(Vec&) {}
+
+  template <class F>
+  BK_HD void for_each(F f) {
+    BK_UNROLL
+    for (int s = 0; s < W; ++s)
+      if (s < n) f(s, s + 1);
+  }
+
+  // The lane executor's tree over the slots (padding slots hold the identity), so each lane
+  // adds in the order the lane executor adds one group.
+  template <class T, class Op, class Term>
+  BK_HD T reduce(T id, Op op, Term term) {
+    T r[2 * W];
+    BK_UNROLL
+    for (int s = 0; s < W; ++s) r[W + s] = s < n ? T(term(s, s + 1)) : id;
+    BK_UNROLL
+    for (int t = W - 1; t >= 1; --t) r[t] = op(r[2 * t], r[2 * t + 1]);
+    return r[1];
+  }
+
+  BK_HD void emit(int s, Pack<L> v) { sink(s, v); }
+};
+
+// Whether the pack executor computes this call (see the top of the file).
+BK_HD bool pack_takes(const Params& p) {
+  return p.code == GRPO || p.code == RLOO || p.code == DR_GRPO || p.code == MAXRL;
+}
+
+}  // namespace bk
