@@ -126,6 +126,56 @@ def test_groups_computed_together_equal_groups_alone(est):
                 assert_matches(together[kept], want[kept], dtype, f"{est.name} {dtype} {sizes} eps={eps}")
 
 
+SORTING = [e for e in NATIVE if not e.order_free]
+
+
+@pytest.mark.parametrize("est", SORTING, ids=lambda e: e.name)
+def test_groups_sorted_together_equal_groups_alone(est):
+    """The CPU kernel sorts two consecutive finite groups of one size up to 32 at once and computes
+    maxk, passk and maxk_loo1 from a bank on both (float32, float16, bfloat16 rewards:
+    csrc/cpu/advantages_cpu.cpp, sort_pack): every group of a batch, to the bit, as the same group
+    alone, with ties, NaN, inf and signed zeros, odd counts and ragged runs; with one k's bank, a
+    mixture's bank and none; deltas for the off-policy estimators; and near the reference."""
+    from bonkernels import tables
+
+    gen = torch.Generator().manual_seed(777 + est.code)
+    layouts = [[n] * 5 for n in (2, 3, 7, 8, 9, 16, 17, 31, 32)] + [[4, 4, 5, 5, 5, 33, 33, 16, 16, 1, 1]]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for sizes in layouts:
+            for tied in (False, True):
+                values, offsets, deltas = make_batch(sizes, est, dtype, gen, tied=tied)
+                n = sizes[0]
+                special = len(sizes) == 5 and not est.binary
+                if special:
+                    values[1] = float("nan")           # a NaN in the first pair: it goes alone
+                    values[2 * n + 1] = float("inf")   # an inf in the second
+                    values[4 * n - 1] = -0.0           # signed zeros in the third pair
+                    values[3 * n] = 0.0
+                banks = [None]
+                if est.name in tables.BANK_ESTIMATORS:
+                    one_k = tables.single_k_bank(est.name, min(sizes), max(sizes), None, 2, "cpu")
+                    mixture = tables.build_bank(est.name, (0.25, 0.0, 0.75), tuple(range(1, max(sizes) + 1)), 2, "cpu")
+                    banks += [one_k, mixture]
+                for bank in banks:
+                    args = (values, offsets, deltas, min(sizes), est.code, 0.2 if est.needs_deltas else None,
+                            -math.inf, math.inf, True, 2, 1e-6, max(sizes))
+                    extra = {} if bank is None else dict(bank=bank[0], bank_index=bank[1])
+                    together = _native.advantages_packed(*args, **extra)
+                    for g in range(len(sizes)):
+                        lo, hi = int(offsets[g]), int(offsets[g + 1])
+                        alone = _native.advantages_packed(
+                            values[lo:hi].clone(), torch.tensor([0, hi - lo]),
+                            None if deltas is None else deltas[lo:hi].clone(), *args[3:], **extra)
+                        assert torch.equal(together[lo:hi].double().nan_to_num(7.0), alone.double().nan_to_num(7.0)), (
+                            est.name, dtype, sizes, tied, bank is not None, g)
+                    if bank is None or bank is banks[1]:  # (one k: the reference's call)
+                        want = reference.advantages_packed(*args)
+                        kept = torch.ones(len(values), dtype=torch.bool)
+                        if special:  # (the NaN contract is tested elsewhere)
+                            kept[:3 * n] = False
+                        assert_matches(together[kept], want[kept], dtype, f"{est.name} {dtype} {sizes} bank={bank is not None}")
+
+
 @pytest.mark.parametrize("est", NATIVE, ids=lambda e: e.name)
 def test_every_small_size_and_k(est):
     """n = 1..40, every k up to n, ties, sum and mean scales, all three small-group modes."""

@@ -5,6 +5,10 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <type_traits>
 #include <vector>
 
@@ -92,28 +96,96 @@ void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, cons
 // two, 1.2-1.4x with packs of four (split in two registers); four would pay with AVX.
 constexpr int kPackGroups = 2;
 
-// kPackGroups consecutive groups of n <= W samples at v, for an estimator the pack executor takes
+// Where the pack executor's values go: slot s of group l (src: the sample it holds), scaled,
+// clipped and rounded, as compute_group's emit does for one group read from a bank or for the
+// centred estimators (neither zeroes a group).
+template <int W, typename scalar_t>
+struct PackStore {
+  scalar_t* out;
+  int n;
+  const Params* p;
+  const int32_t (*src)[W];
+  void operator()(int s, Pack<kPackGroups> value) {
+    for (int l = 0; l < kPackGroups; ++l)
+      out[l * n + src[l][s]] = static_cast<scalar_t>(clip_value(*p, scale_value(*p, n, value.v[l], false)));
+  }
+};
+
+// The sort of kPackGroups groups of n <= W float32/float16/bfloat16 rewards at once. A sample's
+// word, (orderable float bits << 5 | index), is below 2^37, and the double whose bits are the
+// word plus those of 2^52 is 2^52 + word: the doubles order as the words, so the lane sort's
+// network runs on every group's keys in one SSE2 register per slot (a compare-exchange is one
+// vector min and one max), with no conversion either way. The order is the one-group sort's,
+// (orderable bits << 32 | index): the same permutation, so the same values.
+constexpr int kKeyIndexBits = 5;
+static_assert(kLaneWidthMax <= (1 << kKeyIndexBits), "a sample's index must fit the key's low bits");
+
+template <int W, typename scalar_t, class Vec>
+void sort_pack(const scalar_t* v, int n, Vec& x, int32_t (&src)[kPackGroups][W]) {
+  static_assert(!std::is_same<scalar_t, double>::value, "float64 rewards do not fit the key");
+  static_assert(kPackGroups == 2, "keys of two groups per SSE2 register");
+  typedef uint64_t Words __attribute__((vector_size(16)));
+  constexpr uint64_t kTwoPow52 = 0x4330000000000000ull, kMantissa = (uint64_t(1) << 52) - 1;
+  Pack<2> key[W];
+  for (int s = 0; s < W; ++s) {
+    Words word;
+    for (int l = 0; l < 2; ++l)  // (padding: above every word, so it sorts last)
+      word[l] = s < n ? uint64_t(orderable_f32(float(v[l * n + s]))) << kKeyIndexBits | uint64_t(s) : uint64_t(1) << 40;
+    key[s].v = (Pack<2>::Raw)(word | kTwoPow52);
+  }
+  auto exchange = [&](int i, int j) {
+    const Pack<2> a = key[i], b = key[j];
+#if defined(__SSE2__)
+    key[i].v = (Pack<2>::Raw)_mm_min_pd((__m128d)a.v, (__m128d)b.v);  // (GCC emits a compare and three
+    key[j].v = (Pack<2>::Raw)_mm_max_pd((__m128d)a.v, (__m128d)b.v);  // logic ops for a select)
+#else
+    key[i] = select(a < b, a, b);
+    key[j] = select(a < b, b, a);
+#endif
+  };
+  odd_even_passes<W, 1, 1>(exchange);
+  for (int s = 0; s < n; ++s) {
+    const Words word = (Words)key[s].v & kMantissa;
+    const Words o = word >> kKeyIndexBits;
+    const Words bits = o ^ (((o >> 31) - 1) | 0x80000000u);  // from_orderable_f32, in the low 32 bits
+    for (int l = 0; l < 2; ++l) {
+      src[l][s] = int32_t(word[l] & ((1u << kKeyIndexBits) - 1));
+      const uint32_t u = uint32_t(bits[l]);
+      float f;
+      memcpy(&f, &u, sizeof(f));
+      x[s].v[l] = double(f);
+    }
+  }
+}
+
+// kPackGroups consecutive groups of n <= W finite samples at v, for a call the pack executor takes
 // (pack_takes): the same values, to the bit, as lane_group gives one group at a time.
 template <int W, bool kFull, typename scalar_t>
 void pack_groups_sized(const scalar_t* v, scalar_t* out, int n, const Params& p) {
   constexpr int L = kPackGroups;
-  struct Store {  // the natural value of slot s of every group, scaled, clipped and rounded
-    scalar_t* out;
-    int n;
-    const Params* p;
-    void operator()(int s, Pack<L> value) {
-      for (int l = 0; l < L; ++l)
-        out[l * n + s] = static_cast<scalar_t>(clip_value(*p, scale_value(*p, n, value.v[l], false)));
-    }
-  };
-  using Ex = PackExec<W, L, Store, kFull>;
+  using Ex = PackExec<W, L, PackStore<W, scalar_t>, kFull>;
   Ex ex;
   ex.set_size(n);
-  ex.sink = Store{out, n, &p};
   typename Ex::Vec x;
-  for (int s = 0; s < n; ++s)
-    for (int l = 0; l < L; ++l) x[s].v[l] = double(v[l * n + s]);
-  centred_values(ex, p.code, p.eps, x, [&](int s, Pack<L> value) { ex.emit(s, value); });
+  int32_t src[L][W];
+  const bool sorted = sorted_pack_takes(p);
+  if constexpr (!std::is_same<scalar_t, double>::value) {
+    if (sorted) sort_pack<W>(v, n, x, src);
+  }
+  if (!sorted) {
+    for (int s = 0; s < n; ++s)
+      for (int l = 0; l < L; ++l) x[s].v[l] = double(v[l * n + s]), src[l][s] = s;
+  }
+  ex.sink = PackStore<W, scalar_t>{out, n, &p, src};
+  auto emit = [&](int s, Pack<L> value) { ex.emit(s, value); };
+  if (!sorted) {
+    centred_values(ex, p.code, p.eps, x, emit);
+  } else if (!ex.tables(p, p.code, 1, [&](auto& t) {
+               if (p.code == MAXK_LOO1) maxk_loo1_values(ex, t, x, first_value(ex, x), emit);
+               else maxk_values(ex, t, x, emit);
+             })) {
+    for (int i = 0; i < L * n; ++i) out[i] = static_cast<scalar_t>(BK_NAN);  // no block for n: as one group
+  }
 }
 
 // Groups that fill the W slots take the variant with the size a constant (no masks).
@@ -140,7 +212,8 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
   const int64_t mean_size = num_groups > 0 ? total / num_groups : 1;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mean_size));
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
-  const bool packs = pack_takes(p);
+  // (float64 rewards do not fit sort_pack's key: the sorted estimators take them one at a time)
+  const bool packs = pack_takes(p) && !(sorted_pack_takes(p) && std::is_same<scalar_t, double>::value);
   at::parallel_for(0, num_groups, grain, [&](int64_t g_begin, int64_t g_end) {
     SerialExec ex;
     SortScratch scratch;

@@ -11,7 +11,8 @@
 //     shuffles between them (the CUDA kernel of groups of 17..512);
 //   * the CUDA block executor (csrc/cuda): one block per group (513..4096), shuffles and shared memory;
 //   * PackExec (pack_exec.h): the CPU kernel's groups of one size, two at a time in vector
-//     registers, for centred_values only (grpo, rloo, dr_grpo, maxrl; real_t below).
+//     registers, for centred_values (grpo, rloo, dr_grpo, maxrl), maxk_values and
+//     maxk_loo1_values (maxk, passk, maxk_loo1 from a bank) only (real_t below).
 //
 // Executor interface (Ex):
 //   int n;                                       group size (> 0 when compute_group runs)
@@ -278,11 +279,32 @@ BK_HD bool with_tables(Ex& ex, const Params& p, int code, int k, Body body) {
   return true;
 }
 
-// PKPO s_j = D_j x_j + sum_{t>j} O_t x_t (spec 2.2); calls out(s, s_j).
+// PKPO s_j = D_j x_j + sum_{t>j} O_t x_t (spec 2.2); calls out(s, s_j). Over real_t<Ex> (the
+// host's pack executor runs it on two groups of one size from a bank).
 template <class Ex, class Tables, class Vec, class Out>
 BK_HD void maxk_values(Ex& ex, Tables& t, Vec& x, Out out) {
-  ex.scan(true, 0.0, SumOp(), [&](int s, int j) { return t.O(s, j) * x[s]; },
-          [&](int s, int j, double suffix) { out(s, t.D(s, j) * x[s] + suffix); });
+  using R = real_t<Ex>;
+  ex.scan(true, R(0.0), SumOp(), [&](int s, int j) { return t.O(s, j) * x[s]; },
+          [&](int s, int j, R suffix) { out(s, t.D(s, j) * x[s] + suffix); });
+}
+
+// maxk_loo1 (spec 2.4): D_j y_j - c sum_{t<j} B_t y_t with y = x - x_(1), plus the k = 1 term;
+// x sorted ascending, lo = x_(1) (first_value; the caller's, before the tables: registers on the
+// device). Calls emit(s, natural value). Over real_t<Ex>, as maxk_values.
+template <class Ex, class Tables, class Vec, class Emit>
+BK_HD void maxk_loo1_values(Ex& ex, Tables& t, Vec& x, real_t<Ex> lo, Emit emit) {
+  using R = real_t<Ex>;
+  const int n = ex.n;
+  const double nd = double(n);
+  // The k = 1 term w1 (x_j - mean of the others) / n = w1 (n x_j - total) / (n (n - 1)): one
+  // division per group, not two per sample (0 for a singleton).
+  const bool rloo = t.w1 != 0.0 && n > 1;
+  const R total = rloo ? ex.reduce(R(0.0), SumOp(), [&](int s, int) { return R(x[s]); }) : R(0.0);
+  const double rloo_factor = rloo ? bk_div_moderate(t.w1, nd * double(n - 1)) : 0.0;
+  ex.scan(false, R(0.0), SumOp(), [&](int s, int j) { return t.B(s, j) * (x[s] - lo); },
+          [&](int s, int j, R prefix) {
+            emit(s, t.D(s, j) * (x[s] - lo) - t.c * prefix + rloo_factor * (nd * x[s] - total));
+          });
 }
 
 // (v - mean) / (std + eps), std the sample std (n - 1); 0 for singletons and when
@@ -398,20 +420,9 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       if (!ok) fill_nan();
       return;
     }
-    case MAXK_LOO1: {  // spec 2.4: D_j y_j - c sum_{t<j} B_t y_t with y = x - x_(1), plus the k = 1 term
+    case MAXK_LOO1: {
       const double lo = first_value(ex, x);  // the smallest: x is sorted
-      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
-        // The k = 1 term w1 (x_j - mean of the others) / n = w1 (n x_j - total) / (n (n - 1)): one
-        // division per group, not two per sample (0 for a singleton).
-        const bool rloo = t.w1 != 0.0 && n > 1;
-        const double total = rloo ? ex.reduce(0.0, SumOp(), [&](int s, int) { return x[s]; }) : 0.0;
-        const double rloo_factor = rloo ? bk_div_moderate(t.w1, nd * double(n - 1)) : 0.0;
-        ex.scan(false, 0.0, SumOp(), [&](int s, int j) { return t.B(s, j) * (x[s] - lo); },
-                [&](int s, int j, double prefix) {
-                  emit(s, t.D(s, j) * (x[s] - lo) - t.c * prefix + rloo_factor * (nd * x[s] - total));
-                });
-      });
-      if (!ok) fill_nan();
+      if (!ex.tables(p, p.code, k, [&](auto& t) { maxk_loo1_values(ex, t, x, lo, emit); })) fill_nan();
       return;
     }
     case MAXK_OFFPOLICY: {  // spec 3.2, O(n) form after the sort

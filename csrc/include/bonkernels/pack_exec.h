@@ -7,8 +7,9 @@
 // group, so the results are the same to the bit (test_group_math compares them).
 //
 // It takes the order-free estimators computed from the group's centre (centred_values: grpo,
-// rloo, dr_grpo, maxrl) on finite rewards; the CPU kernel sends every other group to the lane
-// executor.
+// rloo, dr_grpo, maxrl) and, on groups the CPU kernel has sorted, maxk, passk and maxk_loo1 from
+// the call's bank (maxk_values, maxk_loo1_values), all on finite rewards; the CPU kernel sends
+// every other group to the lane executor.
 #pragma once
 
 #include <stdint.h>
@@ -174,12 +175,37 @@ struct PackExec : LaneSize<W, kFull> {  // (kFull: groups of exactly W, the mask
     return r[1];
   }
 
+  // The lane executor's walk over the slots, on every group at once.
+  template <class T, class Op, class Term, class Consume>
+  BK_HD void scan(bool reverse, T id, Op op, Term term, Consume consume) {
+    walk_slots<W>(0, n, reverse, id, op, term, consume);
+  }
+
+  // The call's bank only (BankTables: one table entry per rank, the same for every group of the
+  // pack); false, without running body, when the bank has no block for this size. The CPU kernel
+  // sends packs only calls with a bank (pack_takes).
+  template <class Body>
+  BK_HD bool tables(const Params& p, int, int, Body body) {
+    if (p.bank == nullptr || int64_t(n) >= p.bank_index_len) return false;
+    const int64_t b = p.bank_index[n];  // (the lookup of with_tables)
+    if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return false;
+    BankTables t{p.bank + b, n, 1.0, p.bank[b + 5 * int64_t(n)]};
+    body(t);
+    return true;
+  }
+
   BK_HD void emit(int s, Pack<L> v) { sink(s, v); }
 };
 
+// Whether the pack executor computes this call as a linear estimator from the call's bank, on
+// groups sorted beforehand (maxk_values, maxk_loo1_values).
+BK_HD bool sorted_pack_takes(const Params& p) {
+  return (p.code == MAXK || p.code == PASSK || p.code == MAXK_LOO1) && p.bank != nullptr;
+}
+
 // Whether the pack executor computes this call (see the top of the file).
 BK_HD bool pack_takes(const Params& p) {
-  return p.code == GRPO || p.code == RLOO || p.code == DR_GRPO || p.code == MAXRL;
+  return p.code == GRPO || p.code == RLOO || p.code == DR_GRPO || p.code == MAXRL || sorted_pack_takes(p);
 }
 
 }  // namespace bk
