@@ -4,7 +4,8 @@
 // group runs on all L at once, and a long per-group chain (the centre, the largest residue, the
 // sum of squares, a square root, then a division per sample) overlaps across the L groups. Each
 // lane sees exactly the operations, in the same order, that the lane executor applies to one
-// group, so the results are the same to the bit (test_group_math compares them).
+// group, so the results are the same to the bit (test_group_math compares the centred estimators'
+// packs with the lane executor; test_native every group of batches with the same group alone).
 //
 // It takes the order-free estimators computed from the group's centre (centred_values: grpo,
 // rloo, dr_grpo, maxrl) and, on groups the CPU kernel has sorted, maxk, passk and maxk_loo1 from
