@@ -143,44 +143,19 @@ template <int L>
 BK_HD PackDivisor<L> group_divisor(Pack<L> b) { return {b}; }
 
 // L groups of n <= W samples each, slot s of every group in one Pack; emit(s, value) hands the
-// caller slot s of all L groups.
+// caller slot s of all L groups. The walks over the slots (for_each, reduce's tree, scan) are the
+// lane executor's own, so each lane adds in the order the lane executor adds one group.
 template <int W, int L, class Sink, bool kFull = false>
-struct PackExec : LaneSize<W, kFull> {  // (kFull: groups of exactly W, the masks fold away)
+struct PackExec : LaneExec<W, Sink, kFull> {  // (kFull: groups of exactly W, the masks fold away)
   using Real = Pack<L>;
   struct Vec {
     Pack<L> v[W];
     BK_HD Pack<L>& operator[](int s) { return v[s]; }
   };
 
-  using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
-  Sink sink;
+  using LaneExec<W, Sink, kFull>::n;  // group size, 1 <= n <= W (set_size)
 
   BK_HD void alloc(Vec&) {}
-
-  template <class F>
-  BK_HD void for_each(F f) {
-    BK_UNROLL
-    for (int s = 0; s < W; ++s)
-      if (s < n) f(s, s + 1);
-  }
-
-  // The lane executor's tree over the slots (padding slots hold the identity), so each lane
-  // adds in the order the lane executor adds one group.
-  template <class T, class Op, class Term>
-  BK_HD T reduce(T id, Op op, Term term) {
-    T r[2 * W];
-    BK_UNROLL
-    for (int s = 0; s < W; ++s) r[W + s] = s < n ? T(term(s, s + 1)) : id;
-    BK_UNROLL
-    for (int t = W - 1; t >= 1; --t) r[t] = op(r[2 * t], r[2 * t + 1]);
-    return r[1];
-  }
-
-  // The lane executor's walk over the slots, on every group at once.
-  template <class T, class Op, class Term, class Consume>
-  BK_HD void scan(bool reverse, T id, Op op, Term term, Consume consume) {
-    walk_slots<W>(0, n, reverse, id, op, term, consume);
-  }
 
   // The call's bank only (BankTables: one table entry per rank, the same for every group of the
   // pack); false, without running body, when the bank has no block for this size. The CPU kernel
@@ -197,7 +172,7 @@ struct PackExec : LaneSize<W, kFull> {  // (kFull: groups of exactly W, the mask
     return true;
   }
 
-  BK_HD void emit(int s, Pack<L> v) { sink(s, v); }
+  BK_HD void emit(int s, Pack<L> v) { this->sink(s, v); }
 };
 
 // Whether the pack executor computes this call as a linear estimator from the call's bank, on
