@@ -147,9 +147,9 @@ def test_groups_sorted_together_equal_groups_alone(est):
                 n = sizes[0]
                 special = len(sizes) == 5 and not est.binary
                 if special:
-                    values[1] = float("nan")           # a NaN in the first pair: it goes alone
-                    values[2 * n + 1] = float("inf")   # an inf in the second
-                    values[4 * n - 1] = -0.0           # signed zeros in the third pair
+                    values[1] = float("nan")           # a NaN in group 0: it goes alone
+                    values[2 * n + 1] = float("inf")   # an inf in group 2 (groups 1, 2 alone too)
+                    values[4 * n - 1] = -0.0           # signed zeros in group 3, packed with 4
                     values[3 * n] = 0.0
                 banks = [None]
                 if est.name in tables.BANK_ESTIMATORS:
