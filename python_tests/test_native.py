@@ -132,25 +132,28 @@ SORTING = [e for e in NATIVE if not e.order_free]
 @pytest.mark.parametrize("est", SORTING, ids=lambda e: e.name)
 def test_groups_sorted_together_equal_groups_alone(est):
     """The CPU kernel sorts two consecutive finite groups of one size up to 32 at once and computes
-    maxk, passk and maxk_loo1 from a bank on both (float32, float16, bfloat16 rewards:
-    csrc/cpu/advantages_cpu.cpp, sort_pack): every group of a batch, to the bit, as the same group
-    alone, with ties, NaN, inf and signed zeros, odd counts and ragged runs; with one k's bank, a
-    mixture's bank and none; deltas for the off-policy estimators; and near the reference."""
+    maxk, passk, maxk_loo1 and maxk_offpolicy from a bank on both (float32, float16, bfloat16
+    rewards: csrc/cpu/advantages_cpu.cpp, sort_pack): every group of a batch, to the bit, as the
+    same group alone, with ties, NaN, inf and signed zeros, odd counts and ragged runs; with one
+    k's bank, a mixture's bank and none; deltas (an inf among them) for the off-policy estimators;
+    and near the reference."""
     from bonkernels import tables
 
     gen = torch.Generator().manual_seed(777 + est.code)
-    layouts = [[n] * 5 for n in (2, 3, 7, 8, 9, 16, 17, 31, 32)] + [[4, 4, 5, 5, 5, 33, 33, 16, 16, 1, 1]]
+    layouts = [[n] * 7 for n in (2, 3, 7, 8, 9, 16, 17, 31, 32)] + [[4, 4, 5, 5, 5, 33, 33, 16, 16, 1, 1]]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for sizes in layouts:
             for tied in (False, True):
                 values, offsets, deltas = make_batch(sizes, est, dtype, gen, tied=tied)
                 n = sizes[0]
-                special = len(sizes) == 5 and not est.binary
+                special = len(sizes) == 7 and not est.binary
                 if special:
                     values[1] = float("nan")           # a NaN in group 0: it goes alone
                     values[2 * n + 1] = float("inf")   # an inf in group 2 (groups 1, 2 alone too)
                     values[4 * n - 1] = -0.0           # signed zeros in group 3, packed with 4
                     values[3 * n] = 0.0
+                    if deltas is not None:
+                        deltas[5 * n + n // 2] = float("inf")  # an inf delta in group 5 (5, 6 alone)
                 banks = [None]
                 if est.name in tables.BANK_ESTIMATORS:
                     one_k = tables.single_k_bank(est.name, min(sizes), max(sizes), None, 2, "cpu")
@@ -173,6 +176,7 @@ def test_groups_sorted_together_equal_groups_alone(est):
                         kept = torch.ones(len(values), dtype=torch.bool)
                         if special:  # (the NaN contract is tested elsewhere)
                             kept[:3 * n] = False
+                            kept[5 * n:6 * n] = False
                         assert_matches(together[kept], want[kept], dtype, f"{est.name} {dtype} {sizes} bank={bank is not None}")
 
 

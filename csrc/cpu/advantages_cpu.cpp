@@ -55,17 +55,20 @@ void sorted_order(const scalar_t* v, int n, bool order_free_code, Vec& x, int32_
 
 // The deltas in sorted order, clamped in the input dtype as the reference does; a non-finite delta
 // becomes NaN (it poisons its group: the NaN contract; the clamp must not hide it).
+template <typename scalar_t>
+double clamped_delta(scalar_t d, const Params& p) {
+  double dl = double(d);
+  if (!std::isfinite(dl)) return BK_NAN;
+  if (p.has_clamp) {
+    dl = dl < -p.clamp_delta ? -p.clamp_delta : (dl > p.clamp_delta ? p.clamp_delta : dl);
+    dl = double(static_cast<scalar_t>(dl));
+  }
+  return dl;
+}
+
 template <typename scalar_t, class Vec>
 void sorted_deltas(const scalar_t* d, int n, const int32_t* src, const Params& p, Vec& delta) {
-  for (int s = 0; s < n; ++s) {
-    double dl = double(d[src[s]]);
-    if (!std::isfinite(dl)) dl = BK_NAN;
-    else if (p.has_clamp) {
-      dl = dl < -p.clamp_delta ? -p.clamp_delta : (dl > p.clamp_delta ? p.clamp_delta : dl);
-      dl = double(static_cast<scalar_t>(dl));
-    }
-    delta[s] = dl;
-  }
+  for (int s = 0; s < n; ++s) delta[s] = clamped_delta(d[src[s]], p);
 }
 
 // One group of n <= W samples: compute_group on the lane executor, as the CUDA small-group kernel
@@ -161,15 +164,16 @@ void sort_pack(const scalar_t* v, int n, Vec& x, int32_t (&src)[kPackGroups][W])
   }
 }
 
-// kPackGroups consecutive groups of n <= W finite samples at v, for a call the pack executor takes
-// (pack_takes): the same values, to the bit, as lane_group gives one group at a time.
+// kPackGroups consecutive groups of n <= W finite samples at v (and, off-policy, finite deltas at
+// d), for a call the pack executor takes (pack_takes): the same values, to the bit, as lane_group
+// gives one group at a time.
 template <int W, bool kFull, typename scalar_t>
-void pack_groups_sized(const scalar_t* v, scalar_t* out, int n, const Params& p) {
+void pack_groups_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
   constexpr int L = kPackGroups;
   using Ex = PackExec<W, L, PackStore<W, scalar_t>, kFull>;
   Ex ex;
   ex.set_size(n);
-  typename Ex::Vec x;
+  typename Ex::Vec x, delta, dsum;
   int32_t src[L][W];
   const bool sorted = sorted_pack_takes(p);
   if constexpr (!std::is_same<scalar_t, double>::value) {
@@ -179,12 +183,19 @@ void pack_groups_sized(const scalar_t* v, scalar_t* out, int n, const Params& p)
     for (int s = 0; s < n; ++s)
       for (int l = 0; l < L; ++l) x[s].v[l] = double(v[l * n + s]), src[l][s] = s;
   }
+  const bool off_policy = p.code == MAXK_OFFPOLICY;
+  if (off_policy) {  // the deltas in each group's sorted order, as sorted_deltas
+    for (int s = 0; s < n; ++s)
+      for (int l = 0; l < L; ++l) delta[s].v[l] = clamped_delta(d[l * n + src[l][s]], p);
+    delta_prefix(ex, delta, dsum);
+  }
   ex.sink = PackStore<W, scalar_t>{out, n, &p, src};
   auto emit = [&](int s, Pack<L> value) { ex.emit(s, value); };
   if (!sorted) {
     centred_values(ex, p.code, p.eps, x, emit);
   } else if (!ex.tables(p, p.code, 1, [&](auto& t) {
                if (p.code == MAXK_LOO1) maxk_loo1_values(ex, t, x, first_value(ex, x), emit);
+               else if (off_policy) maxk_offpolicy_values(ex, t, x, delta, dsum, emit);
                else maxk_values(ex, t, x, emit);
              })) {
     for (int i = 0; i < L * n; ++i) out[i] = static_cast<scalar_t>(BK_NAN);  // no block for n: as one group
@@ -193,19 +204,23 @@ void pack_groups_sized(const scalar_t* v, scalar_t* out, int n, const Params& p)
 
 // Groups that fill the W slots take the variant with the size a constant (no masks).
 template <int W, typename scalar_t>
-void pack_groups(const scalar_t* v, scalar_t* out, int n, const Params& p) {
-  if (n == W) pack_groups_sized<W, true>(v, out, n, p);
-  else pack_groups_sized<W, false>(v, out, n, p);
+void pack_groups(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
+  if (n == W) pack_groups_sized<W, true>(v, d, out, n, p);
+  else pack_groups_sized<W, false>(v, d, out, n, p);
 }
 
-// Whether groups g .. g + kPackGroups - 1 all hold n finite rewards, one after the other.
+// Whether groups g .. g + kPackGroups - 1 all hold n finite rewards (and finite deltas, when
+// given), one after the other.
 template <typename scalar_t>
-bool packable(const scalar_t* values, const int64_t* offsets, int64_t g, int n) {
+bool packable(const scalar_t* values, const scalar_t* deltas, const int64_t* offsets, int64_t g, int n) {
   const int64_t base = offsets[g];
   for (int l = 1; l <= kPackGroups; ++l)
     if (offsets[g + l] != base + int64_t(l) * n) return false;
   for (int i = 0; i < kPackGroups * n; ++i)
     if (!std::isfinite(double(values[base + i]))) return false;
+  if (deltas != nullptr)
+    for (int i = 0; i < kPackGroups * n; ++i)
+      if (!std::isfinite(double(deltas[base + i]))) return false;
   return true;
 }
 
@@ -216,7 +231,8 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mean_size));
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
   // (float64 rewards do not fit sort_pack's key: the sorted estimators take them one at a time)
-  const bool packs = pack_takes(p) && !(sorted_pack_takes(p) && std::is_same<scalar_t, double>::value);
+  const bool packs = pack_takes(p) && !(sorted_pack_takes(p) && std::is_same<scalar_t, double>::value) &&
+                     (!needs_deltas(p.code) || off_policy);
   at::parallel_for(0, num_groups, grain, [&](int64_t g_begin, int64_t g_end) {
     SerialExec ex;
     SortScratch scratch;
@@ -232,15 +248,16 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       }
       const int n = int(size);
       // several groups of one size at once (the width chosen as for one group below, so the
-      // same reductions); a group with a NaN or inf goes alone (the NaN contract)
-      if (packs && n <= kLaneWidthMax && g + kPackGroups <= g_end && packable(values, offsets, g, n)) {
-        if (n <= 8) pack_groups<8>(values + base, out + base, n, p);
-        else if (n <= 16) pack_groups<16>(values + base, out + base, n, p);
-        else pack_groups<kLaneWidthMax>(values + base, out + base, n, p);
+      // same reductions); a group with a NaN or inf reward or delta goes alone (the NaN contract)
+      const scalar_t* d = off_policy ? deltas + base : nullptr;
+      if (packs && n <= kLaneWidthMax && g + kPackGroups <= g_end &&
+          packable(values, off_policy ? deltas : nullptr, offsets, g, n)) {
+        if (n <= 8) pack_groups<8>(values + base, d, out + base, n, p);
+        else if (n <= 16) pack_groups<16>(values + base, d, out + base, n, p);
+        else pack_groups<kLaneWidthMax>(values + base, d, out + base, n, p);
         g += kPackGroups - 1;
         continue;
       }
-      const scalar_t* d = off_policy ? deltas + base : nullptr;
       if (n <= 8) {
         lane_group<8>(values + base, d, out + base, n, p, scratch);
       } else if (n <= 16) {

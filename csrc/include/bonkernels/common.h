@@ -288,10 +288,11 @@ BK_HD double finish_value(const Params& p, int n, double natural, bool zero) {
   return clip_value(p, scale_value(p, n, natural, zero));
 }
 
-// Small fixed-size vector of doubles, for scans that carry several running sums at once.
-template <int M>
+// Small fixed-size vector of doubles (or of the host's packs, pack_exec.h), for scans that carry
+// several running sums at once.
+template <int M, class T = double>
 struct DVec {
-  double v[M];
+  T v[M];
 };
 
 // The operators take doubles, and (the templates) the host's packs of several groups' values
@@ -300,9 +301,9 @@ struct SumOp {
   BK_HD double operator()(double a, double b) const { return a + b; }
   template <class T>
   BK_HD T operator()(const T& a, const T& b) const { return a + b; }
-  template <int M>
-  BK_HD DVec<M> operator()(const DVec<M>& a, const DVec<M>& b) const {
-    DVec<M> r;
+  template <int M, class T>
+  BK_HD DVec<M, T> operator()(const DVec<M, T>& a, const DVec<M, T>& b) const {
+    DVec<M, T> r;
 BK_UNROLL
     for (int i = 0; i < M; ++i) r.v[i] = a.v[i] + b.v[i];
     return r;
@@ -345,11 +346,11 @@ BK_HD DVec<M> select(bool c, const DVec<M>& a, const DVec<M>& b) {
   return r;
 }
 
-template <int M>
-BK_HD DVec<M> dvec_zero() {
-  DVec<M> r;
+template <int M, class T = double>
+BK_HD DVec<M, T> dvec_zero() {
+  DVec<M, T> r;
 BK_UNROLL
-  for (int i = 0; i < M; ++i) r.v[i] = 0.0;
+  for (int i = 0; i < M; ++i) r.v[i] = T(0.0);
   return r;
 }
 

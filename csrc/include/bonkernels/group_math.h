@@ -11,8 +11,9 @@
 //     shuffles between them (the CUDA kernel of groups of 17..512);
 //   * the CUDA block executor (csrc/cuda): one block per group (513..4096), shuffles and shared memory;
 //   * PackExec (pack_exec.h): the CPU kernel's groups of one size, two at a time in vector
-//     registers, for centred_values (grpo, rloo, dr_grpo, maxrl), maxk_values and
-//     maxk_loo1_values (maxk, passk, maxk_loo1 from a bank) only (real_t below).
+//     registers, for centred_values (grpo, rloo, dr_grpo, maxrl), maxk_values, maxk_loo1_values
+//     and maxk_offpolicy_values (maxk, passk, maxk_loo1, maxk_offpolicy from a bank) only (real_t
+//     below).
 //
 // Executor interface (Ex):
 //   int n;                                       group size (> 0 when compute_group runs)
@@ -307,6 +308,39 @@ BK_HD void maxk_loo1_values(Ex& ex, Tables& t, Vec& x, real_t<Ex> lo, Emit emit)
           });
 }
 
+// dsum[s] = sum_{l<j} delta_l, the deltas' exclusive prefix sum in rank order (maxk_offpolicy).
+template <class Ex, class Vec>
+BK_HD void delta_prefix(Ex& ex, Vec& delta, Vec& dsum) {
+  using R = real_t<Ex>;
+  ex.scan(false, R(0.0), SumOp(), [&](int s, int) { return R(delta[s]); },
+          [&](int s, int, R prefix) { dsum[s] = prefix; });
+}
+
+// maxk_offpolicy (spec 3.2) in its O(n) form: x sorted ascending, delta the clamped deltas in the
+// same order, dsum their prefix (delta_prefix). Four suffix sums in one reverse scan,
+//   S1 = sum_{t>j} O_t x_t, S2 = sum O_t delta_t x_t, S3 = sum Q_t dsum_t x_t, S4 = sum Q_t x_t,
+// then A_j = (1 + delta_j)(D_j x_j + S1) + O_j dsum_j x_j + S2 + S3 - delta_j S4. Calls
+// emit(s, natural value). Over real_t<Ex>, as maxk_values.
+template <class Ex, class Tables, class Vec, class Emit>
+BK_HD void maxk_offpolicy_values(Ex& ex, Tables& t, Vec& x, Vec& delta, Vec& dsum, Emit emit) {
+  using R = real_t<Ex>;
+  ex.scan(
+      true, dvec_zero<4, R>(), SumOp(),
+      [&](int s, int j) {
+        const double o = t.O(s, j), q = t.Q(s, j);
+        DVec<4, R> v;
+        v.v[0] = o * x[s];             // S1
+        v.v[1] = o * delta[s] * x[s];  // S2
+        v.v[2] = q * dsum[s] * x[s];   // S3
+        v.v[3] = q * x[s];             // S4
+        return v;
+      },
+      [&](int s, int j, const DVec<4, R>& S) {
+        emit(s, (1.0 + delta[s]) * (t.D(s, j) * x[s] + S.v[0]) + t.O(s, j) * dsum[s] * x[s] + S.v[1] + S.v[2] -
+                    delta[s] * S.v[3]);
+      });
+}
+
 // (v - mean) / (std + eps), std the sample std (n - 1); 0 for singletons and when
 // std <= rtol * scale, scale = max|v| (spec 3.3, 13.1; reference.zscore, Triton BON_MEAN/GRPO).
 // Here sd_r is std in the rescaled units (std * c.shrink * r.shrink).
@@ -428,27 +462,8 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
     case MAXK_OFFPOLICY: {  // spec 3.2, O(n) form after the sort
       Vec dsum;
       ex.alloc(dsum);
-      ex.scan(false, 0.0, SumOp(), [&](int s, int) { return delta[s]; },
-              [&](int s, int, double prefix) { dsum[s] = prefix; });  // sum_{l<j} delta_l
-      const bool ok = ex.tables(p, p.code, k, [&](auto& t) {
-        ex.scan(
-            true, dvec_zero<4>(), SumOp(),
-            [&](int s, int j) {
-              const double o = t.O(s, j), q = t.Q(s, j);
-              DVec<4> v;
-              v.v[0] = o * x[s];              // S1
-              v.v[1] = o * delta[s] * x[s];   // S2
-              v.v[2] = q * dsum[s] * x[s];    // S3
-              v.v[3] = q * x[s];              // S4
-              return v;
-            },
-            [&](int s, int j, const DVec<4>& S) {
-              const double a = (1.0 + delta[s]) * (t.D(s, j) * x[s] + S.v[0]) + t.O(s, j) * dsum[s] * x[s] + S.v[1] +
-                               S.v[2] - delta[s] * S.v[3];
-              emit(s, a);
-            });
-      });
-      if (!ok) fill_nan();
+      delta_prefix(ex, delta, dsum);
+      if (!ex.tables(p, p.code, k, [&](auto& t) { maxk_offpolicy_values(ex, t, x, delta, dsum, emit); })) fill_nan();
       return;
     }
     case TANG_LOO: {  // the top sorted position gets x_(n) - x_(n-1)

@@ -8,9 +8,9 @@
 // packs with the lane executor; test_native every group of batches with the same group alone).
 //
 // It takes the order-free estimators computed from the group's centre (centred_values: grpo,
-// rloo, dr_grpo, maxrl) and, on groups the CPU kernel has sorted, maxk, passk and maxk_loo1 from
-// the call's bank (maxk_values, maxk_loo1_values), all on finite rewards; the CPU kernel sends
-// every other group to the lane executor.
+// rloo, dr_grpo, maxrl) and, on groups the CPU kernel has sorted, maxk, passk, maxk_loo1 and
+// maxk_offpolicy from the call's bank (maxk_values, maxk_loo1_values, maxk_offpolicy_values), all
+// on finite rewards (and deltas); the CPU kernel sends every other group to the lane executor.
 #pragma once
 
 #include <stdint.h>
@@ -176,9 +176,9 @@ struct PackExec : LaneExec<W, Sink, kFull> {  // (kFull: groups of exactly W, th
 };
 
 // Whether the pack executor computes this call as a linear estimator from the call's bank, on
-// groups sorted beforehand (maxk_values, maxk_loo1_values).
+// groups sorted beforehand (maxk_values, maxk_loo1_values, maxk_offpolicy_values).
 BK_HD bool sorted_pack_takes(const Params& p) {
-  return (p.code == MAXK || p.code == PASSK || p.code == MAXK_LOO1) && p.bank != nullptr;
+  return (p.code == MAXK || p.code == PASSK || p.code == MAXK_LOO1 || p.code == MAXK_OFFPOLICY) && p.bank != nullptr;
 }
 
 // Whether the pack executor computes this call (see the top of the file).
