@@ -94,132 +94,203 @@ void lane_group(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, cons
   else lane_group_sized<W, false>(v, d, out, n, p, scratch);
 }
 
-// Groups per pack of the pack executor: two doubles, one register at the x86-64 baseline (SSE2),
-// which this build targets. Measured at n = 16: 1.6-1.9x the lane executor's speed with packs of
-// two, 1.2-1.4x with packs of four (split in two registers); four would pay with AVX.
-constexpr int kPackGroups = 2;
+// Groups per pack of the pack executor: two doubles in one SSE2 register at the x86-64 baseline,
+// which this build targets, or four in one AVX register where the CPU has AVX2 (pack_groups_wide,
+// chosen at run time). Measured at n = 16, SSE2: 1.6-1.9x the lane executor's speed with packs of
+// two, 1.2-1.4x with packs of four split in two registers.
+constexpr int kPackGroups = 2, kWidePackGroups = 4;
+
+// clip_value lane by lane: lo > a ? lo : a, then hi < a ? hi : a (a NaN passes through). For two
+// lanes an SSE2 maxpd and minpd (GCC compiles the select to a compare and three logic ops, which
+// made the packs of two 1.15x slower than a clip per lane), for four (AVX2) compares and blends.
+inline PackTypes<2>::Values clip_lanes(PackTypes<2>::Values a, double lo, double hi) {
+#if defined(__SSE2__)
+  return (PackTypes<2>::Values)_mm_min_pd(_mm_set1_pd(hi), _mm_max_pd(_mm_set1_pd(lo), (__m128d)a));
+#else
+  a = lo > a ? PackTypes<2>::Values{lo, lo} : a;
+  return hi < a ? PackTypes<2>::Values{hi, hi} : a;
+#endif
+}
+template <class V>
+V clip_lanes(V a, double lo, double hi) {
+  const V low = V{} + lo, high = V{} + hi;
+  a = low > a ? low : a;
+  return high < a ? high : a;
+}
 
 // Where the pack executor's values go: slot s of group l (src: the sample it holds), scaled,
 // clipped and rounded, as compute_group's emit does for one group read from a bank or for the
 // centred estimators (neither zeroes a group).
-template <int W, typename scalar_t>
+template <int W, int L, typename scalar_t>
 struct PackStore {
   scalar_t* out;
   int n;
   const Params* p;
   const int32_t (*src)[W];
-  // (finish_value spelled out: through the helper GCC's code for maxrl's pack ran 4 % slower)
-  void operator()(int s, Pack<kPackGroups> value) {
-    for (int l = 0; l < kPackGroups; ++l)
-      out[l * n + src[l][s]] = static_cast<scalar_t>(clip_value(*p, scale_value(*p, n, value.v[l], false)));
+  // scale_value and clip_value on every lane at once (the same operations, so the same bits; the
+  // host's bk_div_moderate is an IEEE division), then one rounding and store per lane
+  void operator()(int s, Pack<L> a) {
+    const bool mean_natural = natural_scale_is_mean(p->code);
+    if (p->mean_scale && !mean_natural) a = a * double(n);
+    else if (!p->mean_scale && mean_natural) a = a / double(n);
+    a.v = clip_lanes(a.v, p->clip_lo, p->clip_hi);
+    for (int l = 0; l < L; ++l) out[l * n + src[l][s]] = static_cast<scalar_t>(a.v[l]);
   }
 };
 
-// The sort of kPackGroups groups of n <= W float32/float16/bfloat16 rewards at once. A sample's
-// word, (orderable float bits << 5 | index), is below 2^37, and the double whose bits are the
-// word plus those of 2^52 is 2^52 + word: the doubles order as the words, so the lane sort's
-// network runs on every group's keys in one SSE2 register per slot (a compare-exchange is one
-// vector min and one max), with no conversion either way. The order is the one-group sort's,
-// (orderable bits << 32 | index): the same permutation, so the same values.
+// Orders two vectors of sort keys (doubles, never NaN) lane by lane: the smaller into a, the larger
+// into b. For two lanes one SSE2 minpd and one maxpd (GCC compiles the select to a compare and
+// three logic ops), for four (AVX2) a compare and two blends.
+inline void key_exchange(PackTypes<2>::Values& a, PackTypes<2>::Values& b) {
+#if defined(__SSE2__)
+  const __m128d lo = _mm_min_pd((__m128d)a, (__m128d)b), hi = _mm_max_pd((__m128d)a, (__m128d)b);
+  a = (PackTypes<2>::Values)lo, b = (PackTypes<2>::Values)hi;
+#else
+  const auto less = a < b;
+  const PackTypes<2>::Values lo = less ? a : b, hi = less ? b : a;
+  a = lo, b = hi;
+#endif
+}
+template <class V>
+void key_exchange(V& a, V& b) {
+  const auto less = a < b;
+  const V lo = less ? a : b, hi = less ? b : a;
+  a = lo, b = hi;
+}
+
+// The sort of L groups of n <= W float32/float16/bfloat16 rewards at once. A sample's word,
+// (orderable float bits << 5 | index), is below 2^37, and the double whose bits are the word plus
+// those of 2^52 is 2^52 + word: the doubles order as the words, so the lane sort's network runs on
+// every group's keys in one vector register per slot (a compare-exchange is key_exchange), with no
+// conversion either way. The order is the one-group sort's, (orderable bits << 32 |
+// index): the same permutation, so the same values.
 constexpr int kKeyIndexBits = 5;
 static_assert(kLaneWidthMax <= (1 << kKeyIndexBits), "a sample's index must fit the key's low bits");
 
-template <int W, typename scalar_t, class Vec>
-void sort_pack(const scalar_t* v, int n, Vec& x, int32_t (&src)[kPackGroups][W]) {
+// The floats whose bits are the low 32 bits of each word.
+template <int L>
+typename PackTypes<L>::Floats low_floats(typename PackTypes<L>::Words w);
+template <>
+PackTypes<2>::Floats low_floats<2>(PackTypes<2>::Words w) {
+  typedef float F4 __attribute__((vector_size(16)));
+  const F4 f = (F4)w;
+  return __builtin_shufflevector(f, f, 0, 2);  // (little-endian: the low half of a word first)
+}
+template <>
+PackTypes<4>::Floats low_floats<4>(PackTypes<4>::Words w) {
+  typedef float F8 __attribute__((vector_size(32)));
+  const F8 f = (F8)w;
+  return __builtin_shufflevector(f, f, 0, 2, 4, 6);
+}
+
+template <int W, int L, typename scalar_t, class Vec>
+void sort_pack(const scalar_t* v, int n, Vec& x, int32_t (&src)[L][W]) {
   static_assert(!std::is_same<scalar_t, double>::value, "float64 rewards do not fit the key");
-  static_assert(kPackGroups == 2, "keys of two groups per SSE2 register");
-  typedef uint64_t Words __attribute__((vector_size(16)));
+  typedef typename PackTypes<L>::Words Words;
   constexpr uint64_t kTwoPow52 = 0x4330000000000000ull, kMantissa = (uint64_t(1) << 52) - 1;
-  Pack<2> key[W];
+  typedef typename PackTypes<L>::Values Keys;
+  Keys key[W];
   for (int s = 0; s < W; ++s) {
-    Words word;
-    for (int l = 0; l < 2; ++l)  // (padding: above every word, so it sorts last)
+    uint64_t word[L];
+    for (int l = 0; l < L; ++l)  // (padding: above every word, so it sorts last)
       word[l] = s < n ? uint64_t(orderable_f32(float(v[l * n + s]))) << kKeyIndexBits | uint64_t(s) : uint64_t(1) << 40;
-    key[s].v = (Pack<2>::Raw)(word | kTwoPow52);
+    key[s] = (Keys)(vector_of<Words>(word) | kTwoPow52);
   }
-  auto exchange = [&](int i, int j) {
-    const Pack<2> a = key[i], b = key[j];
-#if defined(__SSE2__)
-    key[i].v = (Pack<2>::Raw)_mm_min_pd((__m128d)a.v, (__m128d)b.v);  // (GCC emits a compare and three
-    key[j].v = (Pack<2>::Raw)_mm_max_pd((__m128d)a.v, (__m128d)b.v);  // logic ops for a select)
-#else
-    key[i] = select(a < b, a, b);
-    key[j] = select(a < b, b, a);
-#endif
-  };
+  auto exchange = [&](int i, int j) { key_exchange(key[i], key[j]); };
   odd_even_passes<W, 1, 1>(exchange);
   for (int s = 0; s < n; ++s) {
-    const Words word = (Words)key[s].v & kMantissa;
+    const Words word = (Words)key[s] & kMantissa;
     const Words o = word >> kKeyIndexBits;
-    // from_orderable_f32 on both words at once, in their low 32 bits (the helper per lane: 1.15x
+    // from_orderable_f32 on every word at once, in their low 32 bits (the helper per lane: 1.15x
     // slower for the whole pack)
     const Words bits = o ^ (((o >> 31) - 1) | 0x80000000u);
-    for (int l = 0; l < 2; ++l) {
-      src[l][s] = int32_t(word[l] & ((1u << kKeyIndexBits) - 1));
-      const uint32_t u = uint32_t(bits[l]);
-      float f;
-      memcpy(&f, &u, sizeof(f));
-      x[s].v[l] = double(f);
-    }
+    for (int l = 0; l < L; ++l) src[l][s] = int32_t(word[l] & ((1u << kKeyIndexBits) - 1));
+    x[s].v = __builtin_convertvector(low_floats<L>(bits), typename Pack<L>::Raw);
   }
 }
 
-// kPackGroups consecutive groups of n <= W finite samples at v (and, off-policy, finite deltas at
-// d), for a call the pack executor takes (pack_takes): the same values, to the bit, as lane_group
-// gives one group at a time.
-template <int W, bool kFull, typename scalar_t>
+// L consecutive groups of n <= W finite samples at v (and, off-policy, finite deltas at d), for a
+// call the pack executor takes (pack_takes): the same values, to the bit, as lane_group gives one
+// group at a time.
+template <int W, bool kFull, int L, typename scalar_t>
 void pack_groups_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
-  constexpr int L = kPackGroups;
-  using Ex = PackExec<W, L, PackStore<W, scalar_t>, kFull>;
+  using Ex = PackExec<W, L, PackStore<W, L, scalar_t>, kFull>;
   Ex ex;
   ex.set_size(n);
   typename Ex::Vec x, delta, dsum;
   int32_t src[L][W];
   const bool sorted = sorted_pack_takes(p);
   if constexpr (!std::is_same<scalar_t, double>::value) {
-    if (sorted) sort_pack<W>(v, n, x, src);
+    if (sorted) sort_pack<W, L>(v, n, x, src);
   }
   if (!sorted) {
-    for (int s = 0; s < n; ++s)
-      for (int l = 0; l < L; ++l) x[s].v[l] = double(v[l * n + s]), src[l][s] = s;
+    for (int s = 0; s < n; ++s) {
+      double lanes[L];
+      for (int l = 0; l < L; ++l) lanes[l] = double(v[l * n + s]), src[l][s] = s;
+      x[s].v = vector_of<typename Pack<L>::Raw>(lanes);
+    }
   }
   const bool off_policy = p.code == MAXK_OFFPOLICY;
   if (off_policy) {  // the deltas in each group's sorted order, as sorted_deltas
-    for (int s = 0; s < n; ++s)
-      for (int l = 0; l < L; ++l) delta[s].v[l] = clamped_delta(d[l * n + src[l][s]], p);
+    for (int s = 0; s < n; ++s) {
+      double lanes[L];
+      for (int l = 0; l < L; ++l) lanes[l] = clamped_delta(d[l * n + src[l][s]], p);
+      delta[s].v = vector_of<typename Pack<L>::Raw>(lanes);
+    }
     delta_prefix(ex, delta, dsum);
   }
-  ex.sink = PackStore<W, scalar_t>{out, n, &p, src};
+  ex.sink = PackStore<W, L, scalar_t>{out, n, &p, src};
   auto emit = [&](int s, Pack<L> value) { ex.emit(s, value); };
-  if (!sorted) {
-    centred_values(ex, p.code, p.eps, x, emit);
-  } else if (!ex.tables(p, p.code, 1, [&](auto& t) {
-               if (p.code == MAXK_LOO1) maxk_loo1_values(ex, t, x, first_value(ex, x), emit);
-               else if (off_policy) maxk_offpolicy_values(ex, t, x, delta, dsum, emit);
-               else maxk_values(ex, t, x, emit);
-             })) {
+  BankTables t;
+  if (!sorted) centred_values(ex, p.code, p.eps, x, emit);
+  else if (!ex.bank_tables(p, t))
     for (int i = 0; i < L * n; ++i) out[i] = static_cast<scalar_t>(BK_NAN);  // no block for n: as one group
-  }
+  else if (p.code == MAXK_LOO1) maxk_loo1_values(ex, t, x, first_value(ex, x), emit);
+  else if (off_policy) maxk_offpolicy_values(ex, t, x, delta, dsum, emit);
+  else maxk_values(ex, t, x, emit);
 }
 
-// Groups that fill the W slots take the variant with the size a constant (no masks).
-template <int W, typename scalar_t>
+// L groups of n <= 32 samples, on 8, 16 or 32 slots (the width the lane executor takes for one
+// group, so the same reductions); groups that fill the W slots take the variant with the size a
+// constant (no masks).
+template <int L, typename scalar_t>
 void pack_groups(const scalar_t* v, const scalar_t* d, scalar_t* out, int n, const Params& p) {
-  if (n == W) pack_groups_sized<W, true>(v, d, out, n, p);
-  else pack_groups_sized<W, false>(v, d, out, n, p);
+  if (n == 8) pack_groups_sized<8, true, L>(v, d, out, n, p);
+  else if (n < 8) pack_groups_sized<8, false, L>(v, d, out, n, p);
+  else if (n == 16) pack_groups_sized<16, true, L>(v, d, out, n, p);
+  else if (n < 16) pack_groups_sized<16, false, L>(v, d, out, n, p);
+  else if (n == kLaneWidthMax) pack_groups_sized<kLaneWidthMax, true, L>(v, d, out, n, p);
+  else pack_groups_sized<kLaneWidthMax, false, L>(v, d, out, n, p);
 }
 
-// Whether groups g .. g + kPackGroups - 1 all hold n finite rewards (and finite deltas, when
-// given), one after the other.
+#if defined(__GNUC__) && defined(__x86_64__)
+#define BK_WIDE_PACKS 1
+// Packs of four groups, in AVX registers: this function and everything it calls, inlined into it
+// (flatten), are compiled for AVX2, which brings no FMA, so every lane computes the same operations
+// as with SSE2 (the same bits). Called only where the CPU has AVX2 (has_wide_packs).
 template <typename scalar_t>
-bool packable(const scalar_t* values, const scalar_t* deltas, const int64_t* offsets, int64_t g, int n) {
+__attribute__((target("avx2"), flatten)) void pack_groups_wide(const scalar_t* v, const scalar_t* d, scalar_t* out,
+                                                                 int n, const Params& p) {
+  pack_groups<kWidePackGroups>(v, d, out, n, p);
+}
+
+bool has_wide_packs() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
+// Whether groups g .. g + L - 1 all hold n finite rewards (and finite deltas, when given), one
+// after the other.
+template <typename scalar_t>
+bool packable(const scalar_t* values, const scalar_t* deltas, const int64_t* offsets, int64_t g, int n, int L) {
   const int64_t base = offsets[g];
-  for (int l = 1; l <= kPackGroups; ++l)
+  for (int l = 1; l <= L; ++l)
     if (offsets[g + l] != base + int64_t(l) * n) return false;
-  for (int i = 0; i < kPackGroups * n; ++i)
+  for (int i = 0; i < L * n; ++i)
     if (!std::isfinite(double(values[base + i]))) return false;
   if (deltas != nullptr)
-    for (int i = 0; i < kPackGroups * n; ++i)
+    for (int i = 0; i < L * n; ++i)
       if (!std::isfinite(double(deltas[base + i]))) return false;
   return true;
 }
@@ -233,6 +304,9 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
   // (float64 rewards do not fit sort_pack's key: the sorted estimators take them one at a time)
   const bool packs = pack_takes(p) && !(sorted_pack_takes(p) && std::is_same<scalar_t, double>::value) &&
                      (!needs_deltas(p.code) || off_policy);
+#if defined(BK_WIDE_PACKS)
+  const bool wide = has_wide_packs();
+#endif
   at::parallel_for(0, num_groups, grain, [&](int64_t g_begin, int64_t g_end) {
     SerialExec ex;
     SortScratch scratch;
@@ -247,14 +321,21 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
         continue;
       }
       const int n = int(size);
-      // several groups of one size at once (the width chosen as for one group below, so the
-      // same reductions); a group with a NaN or inf reward or delta goes alone (the NaN contract)
+      // several groups of one size at once (four where the CPU has AVX2, else two); a group with
+      // a NaN or inf reward or delta goes alone (the NaN contract)
       const scalar_t* d = off_policy ? deltas + base : nullptr;
+      const scalar_t* pack_deltas = off_policy ? deltas : nullptr;
+#if defined(BK_WIDE_PACKS)
+      if (packs && wide && n <= kLaneWidthMax && g + kWidePackGroups <= g_end &&
+          packable(values, pack_deltas, offsets, g, n, kWidePackGroups)) {
+        pack_groups_wide(values + base, d, out + base, n, p);
+        g += kWidePackGroups - 1;
+        continue;
+      }
+#endif
       if (packs && n <= kLaneWidthMax && g + kPackGroups <= g_end &&
-          packable(values, off_policy ? deltas : nullptr, offsets, g, n)) {
-        if (n <= 8) pack_groups<8>(values + base, d, out + base, n, p);
-        else if (n <= 16) pack_groups<16>(values + base, d, out + base, n, p);
-        else pack_groups<kLaneWidthMax>(values + base, d, out + base, n, p);
+          packable(values, pack_deltas, offsets, g, n, kPackGroups)) {
+        pack_groups<kPackGroups>(values + base, d, out + base, n, p);
         g += kPackGroups - 1;
         continue;
       }

@@ -939,9 +939,8 @@ void check_pack(int code, const std::vector<std::vector<double>>& groups, double
 
 // Packs of random groups and of the groups with rare paths, mixed in one pack: constant groups,
 // sums that overflow (the 2^-64 rescaling in one lane only), subnormal spreads, a zero mean.
-template <int W>
+template <int W, int L>
 void check_packs_of_width(std::mt19937_64& rng) {
-  constexpr int L = 2;
   std::uniform_real_distribution<double> uni(-1.0, 1.0);
   for (int n = 1; n <= W; ++n) {
     for (int rep = 0; rep < 6; ++rep) {
@@ -966,9 +965,12 @@ void check_packs_of_width(std::mt19937_64& rng) {
 
 void check_packs() {
   std::mt19937_64 rng(777);
-  check_packs_of_width<8>(rng);
-  check_packs_of_width<16>(rng);
-  check_packs_of_width<32>(rng);
+  check_packs_of_width<8, 2>(rng);
+  check_packs_of_width<16, 2>(rng);
+  check_packs_of_width<32, 2>(rng);
+  check_packs_of_width<8, 4>(rng);  // (AVX registers in the CPU kernel; here any code for the vectors)
+  check_packs_of_width<16, 4>(rng);
+  check_packs_of_width<32, 4>(rng);
   // the helpers' lane-wise meaning
   const bk::Pack<2>::Raw raw_b = {1.0, -2.0}, raw_c = {NAN, 0x1p-1074};
   const bk::Pack<2> a = bk::Pack<2>(-0.0), b = bk::Pack<2>::of(raw_b), c = bk::Pack<2>::of(raw_c);

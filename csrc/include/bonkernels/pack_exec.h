@@ -1,5 +1,6 @@
 // Pack executor (host only): the CPU kernel's small groups of one size, L groups at a time, one
-// group per lane of a vector register. The per-group code is group_math.h's, written over
+// group per lane of a vector register (L = 2 in SSE2 registers, or 4 in AVX registers where the
+// CPU has AVX2: advantages_cpu.cpp). The per-group code is group_math.h's, written over
 // real_t<Ex>: here a Pack of L doubles, so every sum, product, division and square root of one
 // group runs on all L at once, and a long per-group chain (the centre, the largest residue, the
 // sum of squares, a square root, then a division per sample) overlaps across the L groups. Each
@@ -28,10 +29,30 @@ namespace bk {
 template <int L>
 struct PackTypes;
 template <>
-struct PackTypes<2> {
+struct PackTypes<2> {  // one SSE2 register
   typedef double Values __attribute__((vector_size(16)));
   typedef int64_t Bits __attribute__((vector_size(16)));
+  typedef uint64_t Words __attribute__((vector_size(16)));
+  typedef float Floats __attribute__((vector_size(8)));
 };
+template <>
+struct PackTypes<4> {  // one AVX register (code for it is compiled for AVX2: advantages_cpu.cpp)
+  typedef double Values __attribute__((vector_size(32)));
+  typedef int64_t Bits __attribute__((vector_size(32)));
+  typedef uint64_t Words __attribute__((vector_size(32)));
+  typedef float Floats __attribute__((vector_size(16)));
+};
+
+// A vector of L lanes from L scalars, built in registers (writing a vector's lanes one by one,
+// GCC assembles four-lane vectors through memory: a store-forwarding stall each).
+template <class V, class T>
+BK_HD V vector_of(const T (&a)[2]) {
+  return V{a[0], a[1]};
+}
+template <class V, class T>
+BK_HD V vector_of(const T (&a)[4]) {
+  return V{a[0], a[1], a[2], a[3]};
+}
 
 // L doubles, one per group, and a per-lane condition (all bits set where it holds).
 template <int L>
@@ -47,6 +68,13 @@ struct Pack {
   Pack() = default;
   BK_HD Pack(double x) {  // every lane x (by lane, so -0.0 and NaN keep their bits)
     for (int l = 0; l < L; ++l) v[l] = x;
+  }
+  // Copies as one vector move: GCC copies a 32-byte struct in 16-byte halves, and reading the
+  // whole vector back from such a copy stalls (store forwarding).
+  BK_HD Pack(const Pack& o) : v(o.v) {}
+  BK_HD Pack& operator=(const Pack& o) {
+    v = o.v;
+    return *this;
   }
   BK_HD static Pack of(Raw raw) {
     Pack p;
@@ -157,18 +185,17 @@ struct PackExec : LaneExec<W, Sink, kFull> {  // (kFull: groups of exactly W, th
 
   BK_HD void alloc(Vec&) {}
 
-  // The call's bank only (BankTables: one table entry per rank, the same for every group of the
-  // pack); false, without running body, when the bank has no block for this size. The CPU kernel
-  // sends packs only calls with a bank (pack_takes).
-  template <class Body>
-  BK_HD bool tables(const Params& p, int, int, Body body) {
+  // The call's bank block for this size (BankTables: one table entry per rank, the same for every
+  // group of the pack); false when the bank has none. The CPU kernel sends packs only calls with a
+  // bank (pack_takes). (A table, not a callback as in the other executors' tables(): GCC would not
+  // inline the callback into the AVX2 code of packs of four.)
+  BK_HD bool bank_tables(const Params& p, BankTables& t) {
     // (the lookup of with_tables; a test of p.bank here, redundant with pack_takes, had made GCC
     // compile the pack's maxk path 1.2x slower)
     if (int64_t(n) >= p.bank_index_len) return false;
     const int64_t b = p.bank_index[n];
     if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return false;
-    BankTables t{p.bank + b, n, 1.0, p.bank[b + 5 * int64_t(n)]};
-    body(t);
+    t = BankTables{p.bank + b, n, 1.0, p.bank[b + 5 * int64_t(n)]};
     return true;
   }
 
