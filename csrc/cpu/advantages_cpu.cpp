@@ -118,6 +118,18 @@ V clip_lanes(V a, double lo, double hi) {
   return high < a ? high : a;
 }
 
+// Each lane rounded to scalar_t and back (for float one conversion of the vector each way).
+template <typename scalar_t, class V>
+V round_lanes(V a) {
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    typedef float Floats __attribute__((vector_size(sizeof(V) / 2)));
+    return __builtin_convertvector(__builtin_convertvector(a, Floats), V);
+  } else {
+    for (int l = 0; l < int(sizeof(V) / sizeof(double)); ++l) a[l] = double(static_cast<scalar_t>(a[l]));
+    return a;
+  }
+}
+
 // Where the pack executor's values go: slot s of group l (src: the sample it holds), scaled,
 // clipped and rounded, as compute_group's emit does for one group read from a bank or for the
 // centred estimators (neither zeroes a group).
@@ -231,11 +243,12 @@ void pack_groups_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int 
     }
   }
   const bool off_policy = p.code == MAXK_OFFPOLICY;
-  if (off_policy) {  // the deltas in each group's sorted order, as sorted_deltas
+  if (off_policy) {  // the deltas in each group's sorted order, clamped as sorted_deltas (all finite)
     for (int s = 0; s < n; ++s) {
       double lanes[L];
-      for (int l = 0; l < L; ++l) lanes[l] = clamped_delta(d[l * n + src[l][s]], p);
+      for (int l = 0; l < L; ++l) lanes[l] = double(d[l * n + src[l][s]]);
       delta[s].v = vector_of<typename Pack<L>::Raw>(lanes);
+      if (p.has_clamp) delta[s].v = round_lanes<scalar_t>(clip_lanes(delta[s].v, -p.clamp_delta, p.clamp_delta));
     }
     delta_prefix(ex, delta, dsum);
   }
