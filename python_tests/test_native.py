@@ -151,7 +151,7 @@ def test_groups_sorted_together_equal_groups_alone(est):
                 if special:
                     values[1] = float("nan")           # a NaN in group 0: it goes alone
                     values[2 * n + 1] = float("inf")   # an inf in group 2 (groups 1, 2 alone too)
-                    values[4 * n - 1] = -0.0           # signed zeros in group 3, packed with 4
+                    values[4 * n - 1] = -0.0           # signed zeros in group 3, packed with the next ones
                     values[3 * n] = 0.0
                     if deltas is not None:
                         deltas[5 * n + n // 2] = float("inf")  # an inf delta in group 5 (5, 6 alone)
@@ -181,6 +181,35 @@ def test_groups_sorted_together_equal_groups_alone(est):
                             kept[:3 * n] = False
                             kept[5 * n:6 * n] = False
                         assert_matches(together[kept], want[kept], dtype, f"{est.name} {dtype} {sizes} bank={bank is not None}")
+
+
+@pytest.mark.parametrize("name", ["grpo", "maxk_loo1", "maxk_offpolicy"])
+def test_packs_clip_to_a_signed_zero_and_leave_odd_clamps_to_single_groups(name):
+    """The packs clip all lanes at once: a clip bound of -0.0 must come out as -0.0, as the clip of a
+    group alone gives it. A clamp_delta of 0 or below (the raw op takes one; the API refuses it)
+    must give the values of groups computed one at a time (the packs clamp for positive ones only)."""
+    from bonkernels import tables
+
+    est = estimators.REGISTRY[name]
+    gen = torch.Generator().manual_seed(31)
+    sizes = [8] * 9
+    values, offsets, deltas = make_batch(sizes, est, torch.float32, gen)
+    values -= 0.5  # (values of both signs)
+    extra = {}
+    if name in tables.BANK_ESTIMATORS:
+        bank, index = tables.single_k_bank(name, 2, 8, None, 2, "cpu")  # (k = 2, as the calls)
+        extra = dict(bank=bank, bank_index=index)
+    clamps = [0.2, 0.0, -0.1] if est.needs_deltas else [None]
+    for clamp, clip in [(c, b) for c in clamps for b in ((-0.0, math.inf), (-math.inf, -0.0))]:
+        args = (values, offsets, deltas, 2, est.code, clamp, clip[0], clip[1], True, 2, 1e-6, 8)
+        together = _native.advantages_packed(*args, **extra)
+        if clip[1] == 0:  # (every estimator here gives positive values)
+            assert bool((torch.signbit(together) & (together == 0)).any()), "no value was clipped to -0.0"
+        for g in range(len(sizes)):
+            lo, hi = int(offsets[g]), int(offsets[g + 1])
+            alone = _native.advantages_packed(values[lo:hi].clone(), torch.tensor([0, hi - lo]),
+                                              None if deltas is None else deltas[lo:hi].clone(), *args[3:], **extra)
+            assert torch.equal(together[lo:hi].view(torch.int32), alone.view(torch.int32)), (name, clamp, clip, g)
 
 
 @pytest.mark.parametrize("est", NATIVE, ids=lambda e: e.name)

@@ -113,7 +113,8 @@ inline PackTypes<2>::Values clip_lanes(PackTypes<2>::Values a, double lo, double
 }
 template <class V>
 V clip_lanes(V a, double lo, double hi) {
-  const V low = V{} + lo, high = V{} + hi;
+  V low, high;  // (by lane, so a bound of -0.0 keeps its sign)
+  for (int l = 0; l < int(sizeof(V) / sizeof(double)); ++l) low[l] = lo, high[l] = hi;
   a = low > a ? low : a;
   return high < a ? high : a;
 }
@@ -248,6 +249,7 @@ void pack_groups_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int 
       double lanes[L];
       for (int l = 0; l < L; ++l) lanes[l] = double(d[l * n + src[l][s]]);
       delta[s].v = vector_of<typename Pack<L>::Raw>(lanes);
+      // (clip_lanes is clamped_delta's clamp for a positive clamp_delta: packs_take_deltas)
       if (p.has_clamp) delta[s].v = round_lanes<scalar_t>(clip_lanes(delta[s].v, -p.clamp_delta, p.clamp_delta));
     }
     delta_prefix(ex, delta, dsum);
@@ -315,8 +317,10 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mean_size));
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
   // (float64 rewards do not fit sort_pack's key: the sorted estimators take them one at a time)
+  // (a clamp_delta of 0 or below, which only the raw op accepts, clamps one group at a time too)
+  const bool packs_take_deltas = off_policy && (!p.has_clamp || p.clamp_delta > 0.0);
   const bool packs = pack_takes(p) && !(sorted_pack_takes(p) && std::is_same<scalar_t, double>::value) &&
-                     (!needs_deltas(p.code) || off_policy);
+                     (!needs_deltas(p.code) || packs_take_deltas);
 #if defined(BK_WIDE_PACKS)
   const bool wide = has_wide_packs();
 #endif

@@ -10,7 +10,7 @@
 //   * SegmentExec (segment_exec.h): P lanes per group of up to 16 P samples, 16 ranks per lane,
 //     shuffles between them (the CUDA kernel of groups of 17..512);
 //   * the CUDA block executor (csrc/cuda): one block per group (513..4096), shuffles and shared memory;
-//   * PackExec (pack_exec.h): the CPU kernel's groups of one size, two at a time in vector
+//   * PackExec (pack_exec.h): the CPU kernel's groups of one size, two or four at a time in vector
 //     registers, for centred_values (grpo, rloo, dr_grpo, maxrl), maxk_values, maxk_loo1_values
 //     and maxk_offpolicy_values (maxk, passk, maxk_loo1, maxk_offpolicy from a bank) only (real_t
 //     below).
