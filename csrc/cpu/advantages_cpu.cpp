@@ -296,17 +296,16 @@ bool has_wide_packs() {
 #endif
 
 // Whether groups g .. g + L - 1 all hold n finite rewards (and finite deltas, when given), one
-// after the other.
+// after the other; v and d point at group g's first sample.
 template <typename scalar_t>
-bool packable(const scalar_t* values, const scalar_t* deltas, const int64_t* offsets, int64_t g, int n, int L) {
-  const int64_t base = offsets[g];
+bool packable(const scalar_t* v, const scalar_t* d, const int64_t* offsets, int64_t g, int n, int L) {
   for (int l = 1; l <= L; ++l)
-    if (offsets[g + l] != base + int64_t(l) * n) return false;
+    if (offsets[g + l] != offsets[g] + int64_t(l) * n) return false;
   for (int i = 0; i < L * n; ++i)
-    if (!std::isfinite(double(values[base + i]))) return false;
-  if (deltas != nullptr)
+    if (!std::isfinite(double(v[i]))) return false;
+  if (d != nullptr)  // (a loop of its own: one loop testing both made grpo's packs 1.15x slower)
     for (int i = 0; i < L * n; ++i)
-      if (!std::isfinite(double(deltas[base + i]))) return false;
+      if (!std::isfinite(double(d[i]))) return false;
   return true;
 }
 
@@ -341,17 +340,16 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       // several groups of one size at once (four where the CPU has AVX2, else two); a group with
       // a NaN or inf reward or delta goes alone (the NaN contract)
       const scalar_t* d = off_policy ? deltas + base : nullptr;
-      const scalar_t* pack_deltas = off_policy ? deltas : nullptr;
 #if defined(BK_WIDE_PACKS)
       if (packs && wide && n <= kLaneWidthMax && g + kWidePackGroups <= g_end &&
-          packable(values, pack_deltas, offsets, g, n, kWidePackGroups)) {
+          packable(values + base, d, offsets, g, n, kWidePackGroups)) {
         pack_groups_wide(values + base, d, out + base, n, p);
         g += kWidePackGroups - 1;
         continue;
       }
 #endif
       if (packs && n <= kLaneWidthMax && g + kPackGroups <= g_end &&
-          packable(values, pack_deltas, offsets, g, n, kPackGroups)) {
+          packable(values + base, d, offsets, g, n, kPackGroups)) {
         pack_groups<kPackGroups>(values + base, d, out + base, n, p);
         g += kPackGroups - 1;
         continue;
