@@ -152,15 +152,19 @@ class CudaVariant:
 # Every kernel shape bk_cuda_advantages has launched, in the launcher's order of preference: the
 # small-group (one thread per group) and segment (P lanes per group) kernels of the size-bucketed
 # launcher, and the sub-warp and small-block kernels they replaced (kept to read older revisions,
-# --source-rev). A build is reported with the variants its cubin holds. The small-group kernel has
-# an instantiation for the off-policy estimators ("off", template argument true) and one for the
-# others (false; older revisions had one for all, matched by the same name).
+# --source-rev). A build is reported with the variants its cubin holds. The small-group kernel is
+# instantiated per set of calls (group_math.h's LaneCalls: kAll 0, kOnPolicy 1, kWide 2, kCentred 3):
+# "off" (kAll, which the launcher sends the off-policy estimators; older revisions: template argument
+# true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards) and the plain name
+# for the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel for all).
 CUDA_VARIANTS = (
-    CudaVariant("thread_kernel<8,off>", "thread_kernelILi8ELb1EE", 128, 1, 1, 8),
-    CudaVariant("thread_kernel<16,off>", "thread_kernelILi16ELb1EE", 128, 1, 9, 16),
-    CudaVariant("thread_kernel<8>", "thread_kernelILi8E(Lb0E)?E", 128, 1, 1, 8),
-    CudaVariant("thread_kernel<16>", "thread_kernelILi16E(Lb0E)?E", 128, 1, 9, 16),
-    CudaVariant("thread_kernel<32>", "thread_kernelILi32E(Lb0E)?E", 128, 1, 17, 32),
+    CudaVariant("thread_kernel<8,off>", "thread_kernelILi8E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16,off>", "thread_kernelILi16E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 9, 16),
+    CudaVariant("thread_kernel<8,centred>", "thread_kernelILi8ELNS_9LaneCallsE3EE", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16,centred>", "thread_kernelILi16ELNS_9LaneCallsE3EE", 128, 1, 9, 16),
+    CudaVariant("thread_kernel<8>", "thread_kernelILi8E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16>", "thread_kernelILi16E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 9, 16),
+    CudaVariant("thread_kernel<32>", "thread_kernelILi32E(Lb0E|LNS_9LaneCallsE2E)?E", 128, 1, 17, 32),
     CudaVariant("segment_kernel<2>", "segment_kernelILi2EE", 128, 2, 17, 32),
     CudaVariant("segment_kernel<4>", "segment_kernelILi4EE", 128, 4, 33, 64),
     CudaVariant("segment_kernel<8>", "segment_kernelILi8EE", 128, 8, 65, 128),
@@ -179,16 +183,18 @@ CUDA_VARIANTS = (
 )
 
 
-# The float32 calls the launcher sends to thread_kernel<32> (group_math.h's wide_lane_takes: grpo,
+# The float32 calls the launcher sends to thread_kernel<32> (group_math.h's LaneCalls::kWide: grpo,
 # and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
 # and a build for every call ("default"), takes segment_kernel<2> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
+# The float32 calls it sends to the small-group kernel's kCentred instantiation (n <= 16).
+CENTRED_LANE_BUILDS = ("grpo/fp32", "rloo/fp32", "dr_grpo/fp32", "maxrl/fp32")
 
 
 def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVariant:
     """The kernel the launcher runs for the groups of a batch with max_group_size = n, among the
     variants ``present`` in a build (default: all), for the call of ``build`` (None: a wide-lane
-    call). With n > 16 the size-bucketed launcher also starts the small-group kernel, which then
+    call that no centred instantiation takes, such as maxk_loo1). With n > 16 the size-bucketed launcher also starts the small-group kernel, which then
     only reads two offsets per group and skips it: the estimate leaves that out."""
     from bonkernels import estimators
     # the estimators with deltas: the launcher sends them to the "off" instantiations
@@ -199,6 +205,8 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
             if v.name == "thread_kernel<32>" and build is not None and build not in WIDE_LANE_BUILDS:
                 continue
             if v.name.endswith(",off>") and not off_policy:
+                continue
+            if v.name.endswith(",centred>") and build not in CENTRED_LANE_BUILDS:
                 continue
             return v
     raise ValueError(f"no CUDA kernel for n = {n}")
@@ -859,7 +867,7 @@ def _meta(options: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(BENCH_DIR, "results", "static_sm90"))
-    ap.add_argument("--quick", action="store_true", help="one small build (grpo/fp32), thread_kernel<8> only")
+    ap.add_argument("--quick", action="store_true", help="one small build (grpo/fp32), thread_kernel<8,centred> only")
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--triton-budget-s", type=float, default=900)
     ap.add_argument("--keep", action="store_true", help="keep the cubins and PTX (in <out>/build)")
@@ -878,7 +886,7 @@ def main(argv=None) -> int:
     try:
         if a.quick:
             kernels += cuda_rows("grpo/fp32", estimator_defines("grpo"), work,
-                                 variants=[v for v in CUDA_VARIANTS if v.name == "thread_kernel<8>"])
+                                 variants=[v for v in CUDA_VARIANTS if v.name == "thread_kernel<8,centred>"])
         else:
             csrc = None
             if a.source_rev:

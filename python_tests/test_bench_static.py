@@ -92,15 +92,19 @@ def test_estimate_arithmetic():
     assert sk.bytes_per_sample(16, 4, deltas=True) == 12.5
 
 
-def test_wide_lane_builds_follow_the_source():
-    """WIDE_LANE_BUILDS lists the estimators of group_math.h's wide_lane_code (wide_lane_takes)."""
+@pytest.mark.parametrize("calls, builds", [("kWide", sk.WIDE_LANE_BUILDS), ("kCentred", sk.CENTRED_LANE_BUILDS)])
+def test_lane_builds_follow_the_source(calls, builds):
+    """WIDE_LANE_BUILDS and CENTRED_LANE_BUILDS list the estimators of group_math.h's lane_code
+    for LaneCalls::kWide and kCentred."""
     from bonkernels import estimators
 
     src = (Path(sk.REPO_DIR) / "csrc" / "include" / "bonkernels" / "group_math.h").read_text()
-    body = src[src.index("BK_HD int wide_lane_code("):]
+    body = src[src.index("BK_HD int lane_code("):]
     body = body[:body.index("\n}\n")]
-    taken = {c.lower() for c in re.findall(r"case (\w+):", body)}
-    assert taken == {b.split("/")[0] for b in sk.WIDE_LANE_BUILDS}
+    body = body[body.index(f"case LaneCalls::{calls}:"):]
+    body = body[:body.index("default:")]
+    taken = {c.lower() for c in re.findall(r"case (\w+):", body) if not c.startswith("LaneCalls")}
+    assert taken == {b.split("/")[0] for b in builds}
     assert all(estimators.get(name) for name in taken)
 
 
@@ -119,6 +123,11 @@ def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(16, build="maxk_offpolicy/fp32").name == "thread_kernel<16,off>"
     assert sk.cuda_variant_for(8, build="maxk_offpolicy/fp32").name == "thread_kernel<8,off>"
     assert sk.cuda_variant_for(16, build="default").name == "thread_kernel<16>"
+    # grpo, rloo, dr_grpo and maxrl have theirs (an older build: the on-policy one)
+    assert sk.cuda_variant_for(16, build="grpo/fp32").name == "thread_kernel<16,centred>"
+    assert sk.cuda_variant_for(8, build="maxrl/fp32").name == "thread_kernel<8,centred>"
+    assert sk.cuda_variant_for(16, {"thread_kernel<16>"}, build="grpo/fp32").name == "thread_kernel<16>"
+    assert sk.cuda_variant_for(32, build="grpo/fp32").name == "thread_kernel<32>"
     assert sk.cuda_variant_for(16, {"thread_kernel<16>"}, build="maxk_offpolicy/fp32").name == "thread_kernel<16>"
     assert sk.cuda_variant_for(32).name == "thread_kernel<32>"
     assert sk.cuda_variant_for(32, build="maxk_loo1/fp32").name == "thread_kernel<32>"
@@ -147,7 +156,7 @@ def test_quick_run_parses_a_real_cubin(tmp_path):
     assert sk.main(["--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "static.json").read_text())
     (k,) = data["kernels"]
-    assert k["variant"] == "thread_kernel<8>" and k["build"] == "grpo/fp32"
+    assert k["variant"] == "thread_kernel<8,centred>" and k["build"] == "grpo/fp32"
     assert 0 < k["regs"] <= 255 and k["spill_stores"] == 0
     assert 0 < k["occupancy"] <= 1
     # one thread per group: no shuffles, one store per sample

@@ -488,12 +488,18 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 
 // ----------------------------------------------------------------------------- small-group kernel
 
-// Group sizes the small-group kernel takes: up to 16 for every call, and up to 32 as a wide lane
-// (kWideLane below): float32 rewards and the calls group_math.h's wide_lane_takes accepts. Wider
-// than 16, float64 (key, index) pairs and the other estimators' extra arrays would not fit in
-// registers.
+// Group sizes the small-group kernel takes: up to 16 for every call, and up to 32 for float32
+// rewards and the LaneCalls::kWide calls (group_math.h). Wider than 16, float64 (key, index)
+// pairs and the other estimators' extra arrays would not fit in registers.
 constexpr int kThreadKernelMax = 16;
 constexpr int kThreadKernelMaxWide = 32;
+
+// The small-group kernel is instantiated for sets of calls (LaneCalls, group_math.h), each with
+// only its calls' code and so with the registers of its own most demanding path (a kernel holds
+// the registers of its largest path, so lighter calls in their own instantiation get more warps
+// per SM). The launcher picks one per call (small_group_kernel): at W = 8 and 16, kCentred for
+// grpo, rloo, dr_grpo and maxrl on float32 rewards, kAll (the only one with delta arrays) for the
+// off-policy estimators and kOnPolicy for every other call; at W = 32, kWide.
 
 // Where a thread's group lives. GlobalGroup: in the tensors (float64; index i of the group is
 // element lo + i). TileGroup: float32, float16 and bfloat16 samples as floats in the block's
@@ -536,15 +542,10 @@ struct TileGroup {
 // Where the lane executor's final values go on the device: to the group's output, by source index,
 // clipped on the way (kClipsOnStore: in single precision after the rounding for the narrow types,
 // clip_rounded in guards.h; in double for float64).
-template <int W, bool kFull, bool kOffPolicy, class Group>
+template <int W, bool kFull, LaneCalls C, class Group>
 struct OutputSink {
   static constexpr bool kClipsOnStore = true;
-  // Above 16 samples the registers hold the group, its indices and the bank's entries, not the
-  // extra arrays of the other estimators: the launcher sends only wide_lane_takes calls there.
-  static constexpr bool kWideLane = W > kThreadKernelMax;
-  // The off-policy estimators (deltas) get their own instantiation: the others' registers need
-  // not hold their code and delta arrays.
-  static constexpr bool kOnPolicyOnly = !kOffPolicy;
+  static constexpr LaneCalls kCalls = C;  // the calls this instantiation computes
   int idx[W];  // source index (within the group) of sorted slot s
   int n;
   Group group;
@@ -589,11 +590,11 @@ __device__ __forceinline__ bool load_sorted_narrow(bool sort, Ex& ex, typename E
   return true;
 }
 
-// One group of n <= W samples (kFull: n == W, the size a compile-time constant); kOffPolicy: the
-// instantiation for the needs_deltas estimators, off_policy: the call has deltas.
-template <int W, bool kFull, bool kOffPolicy, class Group>
+// One group of n <= W samples (kFull: n == W, the size a compile-time constant); C: the calls of
+// the instantiation, off_policy: the call has deltas.
+template <int W, bool kFull, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group(const Group& group, bool off_policy, const Params& p, int n) {
-  using Ex = LaneExec<W, OutputSink<W, kFull, kOffPolicy, Group>, kFull>;
+  using Ex = LaneExec<W, OutputSink<W, kFull, C, Group>, kFull>;
   Ex ex;
   ex.set_size(n);
   ex.sink.n = n;
@@ -605,28 +606,55 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
   // Load and sort (the order-free estimators skip the sort). One scope per key width, so the two
   // key arrays are never live together (registers). A non-finite delta makes compute_group
   // NaN-fill the group.
-  const bool sort = !order_free(p.code);
+  const bool sort = C != LaneCalls::kCentred && !order_free(p.code);
   bool loaded = true;
-  if constexpr (W <= kThreadKernelMax) {
+  if constexpr (!lane_arrays_in_float(C)) {
     if (Group::kMayBeF64 && group.type() == BK_FLOAT64) load_sorted_f64<W>(sort, ex, x);
     else loaded = load_sorted_narrow<W>(sort, ex, x);
   } else {
-    loaded = load_sorted_narrow<W>(sort, ex, x);  // the launcher never sends float64 here
+    loaded = load_sorted_narrow<W>(sort, ex, x);  // float arrays: float32 rewards only
   }
   if (!loaded) {
     for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
     return;
   }
   BK_UNROLL
-  for (int s = 0; s < W; ++s)  // a wide lane takes no off-policy call (wide_lane_takes)
-    delta[s] = (kOffPolicy && !Ex::kWideLane && off_policy && s < ex.n) ? group.delta(ex.sink.idx[s], p) : 0.0;
+  for (int s = 0; s < W; ++s)  // only kAll takes an off-policy call
+    delta[s] = (C == LaneCalls::kAll && off_policy && s < ex.n) ? group.delta(ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
 }
 
-template <int W, bool kOffPolicy, class Group>
+template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_sized(const Group& group, bool off_policy, const Params& p, int n) {
-  if (kStaticFullGroups || n == W) thread_group<W, true, kOffPolicy>(group, off_policy, p, n);
-  else thread_group<W, false, kOffPolicy>(group, off_policy, p, n);
+  if (kStaticFullGroups || n == W) thread_group<W, true, C>(group, off_policy, p, n);
+  else thread_group<W, false, C>(group, off_policy, p, n);
+}
+
+// thread_group_sized with the estimator code a compile-time constant.
+template <int W, LaneCalls C, int kCode, class Group>
+__device__ __forceinline__ void thread_group_of(const Group& group, bool off_policy, const Params& p, int n) {
+  Params q = p;
+  q.code = kCode;
+  thread_group_sized<W, C>(group, off_policy, q, n);
+}
+
+// One group of the call. The kCentred instantiation compiles one copy of the group's code per
+// estimator, each with its code a constant (at W = 16 on sm_90, one copy for the four took 144
+// registers, one per estimator 96).
+template <int W, LaneCalls C, class Group>
+__device__ __forceinline__ void thread_group_call(const Group& group, bool off_policy, const Params& p, int n) {
+  if constexpr (C == LaneCalls::kCentred) {
+    switch (p.code) {
+      case GRPO: return thread_group_of<W, C, GRPO>(group, off_policy, p, n);
+      case RLOO: return thread_group_of<W, C, RLOO>(group, off_policy, p, n);
+      case DR_GRPO: return thread_group_of<W, C, DR_GRPO>(group, off_policy, p, n);
+      case MAXRL: return thread_group_of<W, C, MAXRL>(group, off_policy, p, n);
+      default:  // the launcher sends no other code here; as compute_group refuses one
+        for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
+    }
+  } else {
+    thread_group_sized<W, C>(group, off_policy, p, n);
+  }
 }
 
 constexpr int kThreadBlock = 128;
@@ -635,32 +663,37 @@ constexpr int kThreadBlock = 128;
 // One thread's chain of dependent steps is long and only other warps hide its latency: on an H200
 // the kernel reached 22 % of copy at n = 16 with 8 warps per SM (250 registers). The on-policy
 // instantiations fit 5 blocks at W = 8 (96 registers) and, on sm_90, 3 at W = 16 (168) without a
-// spill (sm_80's compiler spills 8 bytes there: 2 blocks); the wide lane spills at 3, and the
-// off-policy one keeps the compiler's choice (2 blocks at W = 16). Only the device passes read it.
+// spill (sm_80's compiler spills 8 bytes there: 2 blocks); kWide (W = 32) spills at 3, and kAll
+// keeps the compiler's choice (2 blocks at W = 16). kCentred, one copy per estimator, took 58
+// registers at W = 8 and 96 at W = 16 unbounded: 8 and 5 blocks. Only the device passes read it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 constexpr int kOnPolicyBlocksAt16 = 2;
 #else
 constexpr int kOnPolicyBlocksAt16 = 3;
 #endif
-template <int W, bool kOffPolicy>
+template <int W, LaneCalls C>
 constexpr int thread_kernel_min_blocks() {
-  return kOffPolicy ? 1 : (W <= 8 ? 5 : (W <= 16 ? kOnPolicyBlocksAt16 : 2));
+  switch (C) {
+    case LaneCalls::kAll: return 1;
+    case LaneCalls::kCentred: return W <= 8 ? 8 : 5;
+    case LaneCalls::kWide: return 2;  // W = 32 only
+    default: return W <= 8 ? 5 : kOnPolicyBlocksAt16;
+  }
 }
 
 // One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
 // of the CPU kernel's small-group path, with the group in registers (no shuffles) and its samples in
 // the block's shared-memory tile. Groups of size in (W, bound] are left to the launch's second
-// kernel (size buckets, guards.h). kOffPolicy: the instantiation for the needs_deltas estimators
-// (the launcher sends every other call to the other one).
-template <int W, bool kOffPolicy>
-__global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOffPolicy>()))
+// kernel (size buckets, guards.h). C: the calls the instantiation takes (LaneCalls).
+template <int W, LaneCalls C>
+__global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>()))
     thread_kernel(int dtype, const void* __restrict__ values, const int64_t* __restrict__ offsets,
                   const void* __restrict__ deltas, void* __restrict__ out, int64_t num_groups, int64_t total,
                   Params p, int64_t bound) {
   BK_STATIC_SPECIALISE(dtype, p);
-  // The wide kernel takes float32 only (the launcher): a constant dtype drops the other types'
+  // Float arrays take float32 only (the launcher): a constant dtype drops the other types'
   // loads and stores from its code (registers).
-  if constexpr (W > kThreadKernelMax) dtype = BK_FLOAT32;
+  if constexpr (lane_arrays_in_float(C)) dtype = BK_FLOAT32;
   const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
   const int64_t g0 = int64_t(blockIdx.x) * kThreadBlock;
   const int64_t g = g0 + threadIdx.x;
@@ -674,7 +707,7 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOf
   // computed group to and from its thread's own W slots. float64 works on the tensors directly.
   constexpr int kTile = kThreadBlock * W;
   __shared__ float tile[tile_slot(kTile - 1) + 1];
-  constexpr bool kDeltaTile = kOffPolicy && W <= kThreadKernelMax;  // a wide lane takes no off-policy call
+  constexpr bool kDeltaTile = C == LaneCalls::kAll;
   __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1) + 1 : 1];
   const bool stage_deltas = kDeltaTile && off_policy;
   const bool whole_block = __syncthreads_and(!live || tile_fits(begin, end, total, W));  // uniform
@@ -691,19 +724,45 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, kOf
     }
     if (whole_block) __syncthreads();
     if (span.action == GROUP_COMPUTE)
-      thread_group_sized<W, kOffPolicy>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy,
-                                        p, int(span.hi - span.lo));
+      thread_group_call<W, C>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy, p,
+                              int(span.hi - span.lo));
     if (whole_block) __syncthreads();
     for (int i = first; i < len; i += step) store_rounded(dtype, out, lo + i, tile[tile_slot(at + i)]);
     return;
   }
   if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
   if (span.action != GROUP_COMPUTE) return;
-  thread_group_sized<W, kOffPolicy>(GlobalGroup{dtype, values, deltas, out, span.lo}, off_policy, p,
-                                    int(span.hi - span.lo));
+  thread_group_call<W, C>(GlobalGroup{dtype, values, deltas, out, span.lo}, off_policy, p, int(span.hi - span.lo));
 }
 
 // ----------------------------------------------------------------------------- launcher
+
+// Whether the launch's call goes to an instantiation of the set (kWide or kCentred: float32 rewards).
+inline bool float_lane_takes(LaneCalls calls, int dtype, const Params& p) {
+  return dtype == BK_FLOAT32 && lane_takes(calls, p.code, p.bank != nullptr);
+}
+
+using ThreadKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int64_t);
+template <int W>
+ThreadKernel thread_kernel_for(LaneCalls calls) {
+  switch (calls) {
+    case LaneCalls::kCentred: return thread_kernel<W, LaneCalls::kCentred>;
+    case LaneCalls::kOnPolicy: return thread_kernel<W, LaneCalls::kOnPolicy>;
+    default: return thread_kernel<W, LaneCalls::kAll>;
+  }
+}
+
+// The small-group kernel of a call for the launch's power-of-two bound on the group size (cap):
+// thread_kernel<32, kWide> for a kWide call where it holds every group; else W = 8 where that
+// does and 16 otherwise, of the first set that takes the call among kCentred, kOnPolicy and kAll.
+inline ThreadKernel small_group_kernel(int cap, int dtype, const Params& p) {
+  if (cap == kThreadKernelMaxWide && float_lane_takes(LaneCalls::kWide, dtype, p))
+    return thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>;
+  const LaneCalls calls = float_lane_takes(LaneCalls::kCentred, dtype, p) ? LaneCalls::kCentred
+                          : needs_deltas(p.code)                         ? LaneCalls::kAll
+                                                                         : LaneCalls::kOnPolicy;
+  return cap == 8 ? thread_kernel_for<8>(calls) : thread_kernel_for<kThreadKernelMax>(calls);
+}
 
 // Blocks of 128 threads for P lanes per group.
 inline unsigned segment_blocks(int64_t num_groups, int lanes) { return unsigned((num_groups * lanes + 127) / 128); }
@@ -740,25 +799,17 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   int cap = 8;
   while (cap < n) cap *= 2;
   const unsigned thread_blocks = unsigned((num_groups + kThreadBlock - 1) / kThreadBlock);
-  // thread_kernel<32>: float32 rewards and the calls a wide lane computes (group_math.h).
-  const bool wide_thread_kernel = dtype == BK_FLOAT32 && bk::wide_lane_takes(params.code, params.bank != nullptr);
   const unsigned groups = unsigned(num_groups);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
-  // The off-policy estimators have their own small-group instantiation (fewer registers for the others).
-  const bool off_policy = bk::needs_deltas(params.code);
-  auto* small_kernel = cap == 8 ? (off_policy ? thread_kernel<8, true> : thread_kernel<8, false>)
-                       : cap == kThreadKernelMaxWide && wide_thread_kernel
-                           ? thread_kernel<kThreadKernelMaxWide, false>  // never off-policy (wide_lane_takes)
-                           : (off_policy ? thread_kernel<kThreadKernelMax, true> : thread_kernel<kThreadKernelMax, false>);
-  rc = launch(small_kernel, thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  rc = launch(small_group_kernel(cap, dtype, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
   const int lo = kThreadKernelMax;
   if (rc == cudaSuccess) {
     switch (cap) {
       case 8:
       case kThreadKernelMax: break;  // the small-group kernel took every group
       case kThreadKernelMaxWide:
-        if (wide_thread_kernel) break;  // thread_kernel<32> took every group
+        if (float_lane_takes(bk::LaneCalls::kWide, dtype, params)) break;  // thread_kernel<32> took every group
         rc = launch(segment_kernel<2>, segment_blocks(num_groups, 2), 128, BK_ARGS, lo);
         break;
       case 64: rc = launch(segment_kernel<4>, segment_blocks(num_groups, 4), 128, BK_ARGS, lo); break;

@@ -2,7 +2,8 @@
 // k-subsets, for n = 1..9 and every k, on random rewards with ties. Run by ctest (CMakeLists.txt).
 // Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
 // ScanTablesExec (tables from the generic product scan, what the CUDA executors run); the lane
-// executor as the CUDA kernel's wide lane (W = 32) is checked against the plain lane, the pack
+// executor computing each set of calls the CUDA small-group kernel is built for (LaneCalls) is
+// checked against the lane computing every call, the pack
 // executor (several groups per vector register, the CPU kernel) against the lane executor, and the
 // segment executor (the CUDA kernel of groups of 17..512) against SerialExec, its lanes played by
 // host threads.
@@ -92,23 +93,14 @@ struct TestLane : bk::LaneExec<W, Slots> {
   const double* values() const { return this->sink.v; }
 };
 
-// W = 32, plain or as a wide lane (thread_kernel<32>: kWideLane, which computes only the
-// wide_lane_takes calls).
-template <bool kWide>
-struct WideSlots : bk::SlotValues<32> {
-  static constexpr bool kWideLane = kWide;
+// The lane executor computing one set of calls (bk::LaneCalls), as the CUDA small-group kernel's
+// instantiations do (kAll: every call).
+template <int W, bk::LaneCalls C>
+struct CallsSlots : bk::SlotValues<W> {
+  static constexpr bk::LaneCalls kCalls = C;
 };
-template <bool kWide>
-using Lane32 = TestLane<32, WideSlots<kWide>>;
-
-// W = 16, plain or on-policy only (the instantiation for the calls without deltas: kOnPolicyOnly,
-// which refuses the needs_deltas estimators).
-template <bool kOnPolicy>
-struct OnPolicySlots : bk::SlotValues<16> {
-  static constexpr bool kOnPolicyOnly = kOnPolicy;
-};
-template <bool kOnPolicy>
-using Lane16 = TestLane<16, OnPolicySlots<kOnPolicy>>;
+template <int W, bk::LaneCalls C = bk::LaneCalls::kAll>
+using SetLane = TestLane<W, CallsSlots<W, C>>;
 
 // ---------------------------------------------------------------- brute force over subsets
 
@@ -423,19 +415,26 @@ bk::Params bank_params(const std::vector<double>& bank, const std::vector<int64_
   return p;
 }
 
-// A wide lane gives the plain lane's values bit for bit on the calls it takes, and NaN on the
-// others (which the CUDA launcher never sends it), or 0 where the too-small rule zeroes the group
-// before any estimator runs.
-void check_wide_lane(int code, const std::vector<double>& g, const std::vector<double>& delta, const bk::Params* base) {
+// A lane of a set of calls gives the kAll lane's values bit for bit on the calls the set takes,
+// and NaN on the others (which the CUDA launcher never sends it), or 0 where the too-small rule
+// zeroes the group before any estimator runs. Counts the calls taken and refused.
+struct SetCounts {
+  int taken = 0, refused = 0;
+};
+template <int W, bk::LaneCalls C>
+void check_lane_calls(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
+                      const bk::Params* base, SetCounts& counts) {
   const int n = int(g.size());
-  const auto plain = run<Lane32<false>>(code, g, delta, 1, 1e-6, base);
-  const auto wide = run<Lane32<true>>(code, g, delta, 1, 1e-6, base);
-  const bool takes = bk::wide_lane_takes(code, base != nullptr && base->bank != nullptr);
+  const auto all = run<SetLane<W>>(code, g, delta, k, 1e-6, base);
+  const auto set = run<SetLane<W, C>>(code, g, delta, k, 1e-6, base);
+  const bool takes = bk::lane_takes(C, code, base != nullptr && base->bank != nullptr);
   for (int i = 0; i < n; ++i) {
-    if (takes) expect_close(wide[i], plain[i], 0.0, "wide lane = lane", n, code, i);
-    else if (!(wide[i] == 0.0 && plain[i] == 0.0))  // 0: a group the too-small rule zeroes first
-      expect_close(wide[i], NAN, 0.0, "wide lane refuses", n, code, i);
+    if (takes) expect_close(set[i], all[i], 0.0, "lane of a set = lane", n, code, i);
+    else if (!(set[i] == 0.0 && all[i] == 0.0))  // 0: a group the too-small rule zeroes first
+      expect_close(set[i], NAN, 0.0, "lane of a set refuses", n, code, i);
   }
+  counts.taken += takes;
+  counts.refused += !takes && std::isnan(set[0]);
 }
 
 // A bank call equals the weighted sum of single-k calls with small_groups = "clamp"; a missing or
@@ -473,7 +472,8 @@ void check_bank() {
           expect_close(got[i], want[i], 1e-12, "bank = weighted single-k sum", n, code, i);
           expect_close(scan[i], got[i], 0.0, "bank on the scan executor", n, code, i);
         }
-        check_wide_lane(code, g, delta, &base);
+        SetCounts unused;
+        check_lane_calls<32, bk::LaneCalls::kWide>(code, g, delta, 1, &base, unused);
         base.bank_len = int64_t(bank.size()) - 1;  // truncated: the block's W1 is missing
         for (double v : run<bk::SerialExec>(code, g, delta, 1, 1e-6, &base)) expect_close(v, NAN, 0.0, "truncated bank", n, code, 0);
         index[n] = -1;  // no block for this size
@@ -834,62 +834,44 @@ void check_division_ftz() {
   expect_close(bk::div_with_estimate(1e300, 1.5e308, rcp_ftz_emulated), 1e300 / 1.5e308, 2.3e-16, "a / huge", 0, 0, 0);
 }
 
-// An on-policy lane gives the plain lane's values bit for bit on every estimator without deltas
-// (the CUDA kernel passes it zero deltas), and NaN on the off-policy ones (the launcher sends those
-// to the other instantiation), or 0 where the too-small rule zeroes the group first.
-void check_on_policy_lane() {
-  std::mt19937_64 rng(16);
-  std::uniform_real_distribution<double> uni(-1.0, 1.0);
-  int refused = 0;
-  for (int code = 0; code < bk::NUM_CODES; ++code)
-    for (int n = 1; n <= 16; ++n) {
-      std::vector<double> g(n), zero(n, 0.0);
-      for (int i = 0; i < n; ++i) g[i] = n % 2 ? uni(rng) : std::round(uni(rng) * 4) / 4;
-      const auto plain = run<Lane16<false>>(code, g, zero, 2, 1e-6, nullptr);
-      const auto on = run<Lane16<true>>(code, g, zero, 2, 1e-6, nullptr);
-      for (int i = 0; i < n; ++i) {
-        if (!bk::needs_deltas(code)) expect_close(on[i], plain[i], 0.0, "on-policy lane = lane", n, code, i);
-        else if (!(on[i] == 0.0 && plain[i] == 0.0)) expect_close(on[i], NAN, 0.0, "on-policy lane refuses", n, code, i);
-      }
-      refused += bk::needs_deltas(code) && n >= 3 && std::isnan(on[0]);
-    }
-  ++checks;
-  if (refused == 0) {
-    ++failures;
-    std::printf("FAIL the on-policy lane refused no off-policy call\n");
-  }
-}
-
-// Every size up to 32, every estimator, with and without a bank: the wide lane holds its arrays in
-// float, so half the trials draw arbitrary float32 rewards (what it is sent), not quarter steps.
-void check_wide_lane_sizes() {
-  std::mt19937_64 rng(32);
+// Each set of calls the CUDA small-group kernel is instantiated for, at its widths, on every size
+// up to W and every estimator, with and without a bank. kWide and kCentred hold their arrays in
+// float, so half the trials draw arbitrary float32 rewards (what they are sent), not quarter steps.
+template <int W, bk::LaneCalls C>
+void check_lane_set(const char* name) {
+  std::mt19937_64 rng(W);
   std::uniform_real_distribution<double> uni(-1.0, 1.0);
   const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
-  int taken = 0;
+  SetCounts counts;
   for (int code = 0; code < bk::NUM_CODES; ++code)
-    for (int n = 1; n <= 32; ++n) {
+    for (int n = 1; n <= W; ++n) {
       const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
       std::vector<double> g(n), delta(n);
       for (int i = 0; i < n; ++i) {
         g[i] = binary ? double(uni(rng) > 0) : (n % 2 ? double(float(uni(rng))) : std::round(uni(rng) * 4) / 4);
         delta[i] = 0.3 * uni(rng);
       }
-      check_wide_lane(code, g, delta, nullptr);
-      taken += bk::wide_lane_takes(code, false);
+      check_lane_calls<W, C>(code, g, delta, 2, nullptr, counts);
       if (!bk::reads_weight_tables(code)) continue;
       const auto blk = bank_block(code, n, mix);
       std::vector<int64_t> index(n + 1, -1);
       index[n] = 0;
       const bk::Params base = bank_params(blk, index);
-      check_wide_lane(code, g, delta, &base);
-      taken += bk::wide_lane_takes(code, true);
+      check_lane_calls<W, C>(code, g, delta, 1, &base, counts);
     }
   ++checks;
-  if (taken == 0) {
+  if (counts.taken == 0 || counts.refused == 0) {
     ++failures;
-    std::printf("FAIL no call runs on a wide lane\n");
+    std::printf("FAIL the %s lane took %d calls and refused %d (both must be > 0)\n", name, counts.taken, counts.refused);
   }
+}
+
+void check_lane_sets() {
+  check_lane_set<32, bk::LaneCalls::kWide>("wide");
+  check_lane_set<16, bk::LaneCalls::kOnPolicy>("on-policy");
+  check_lane_set<8, bk::LaneCalls::kOnPolicy>("on-policy");
+  check_lane_set<16, bk::LaneCalls::kCentred>("centred");
+  check_lane_set<8, bk::LaneCalls::kCentred>("centred");
 }
 
 // ---------------------------------------------------------------- the pack executor
@@ -1011,8 +993,7 @@ int main() {
   check_rules();
   check_constant_and_extremes();
   check_bank();
-  check_wide_lane_sizes();
-  check_on_policy_lane();
+  check_lane_sets();
   check_segments();
   check_packs();
   check_non_finite();

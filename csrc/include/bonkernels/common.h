@@ -330,7 +330,7 @@ BK_HD double select(bool c, double a, double b) { return c ? a : b; }
 // group, |x|, and a divisor shared by a group's samples.
 BK_HD bool any_lane(bool c) { return c; }
 BK_HD double bk_abs(double x) { return ::fabs(x); }
-// (|x| of a float array's entry in float: widening first cost the wide lane kernel 18 registers.)
+// (|x| of a float array's entry in float: widening first cost the W = 32 small-group kernel 18 registers.)
 BK_HD float bk_abs(float x) { return ::fabsf(x); }
 // c ? a() : b(), evaluating only the branch taken (a pack evaluates both and selects by lane):
 // an eager select would make the device compute a division the ternary skips, and hold it.

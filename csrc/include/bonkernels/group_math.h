@@ -215,49 +215,66 @@ BK_HD bool has_bank(const Params& p) {
 #endif
 }
 
-// Whether the executor is a wide lane (Ex::kWideLane = true: the CUDA small-group kernel at W = 32,
-// whose registers hold the group (in float), its indices and the bank's entries, but not the extra
-// W-wide arrays of the other estimators). It computes only the calls wide_lane_takes accepts; the
-// launcher sends it no other, and compute_group NaN-fills any other without compiling its code
-// there. A call added to wide_lane_takes must store nothing but the rewards in an array (the
-// lane's arrays are float there; test_group_math checks a wide lane against the plain lane).
-template <class Ex, class = void>
-struct wide_lane : std::false_type {};
-template <class Ex>
-struct wide_lane<Ex, std::void_t<decltype(Ex::kWideLane)>> : std::bool_constant<Ex::kWideLane> {};
+// The calls an executor computes (Ex::kCalls; without one, every call). The CUDA small-group
+// kernel has one instantiation per set, compiled with that set's code alone: a kernel takes the
+// registers of its most demanding path, so a set of lighter calls gets more warps per SM.
+//   kAll:      every call (every host executor; the segment and block kernels);
+//   kOnPolicy: the calls without deltas;
+//   kWide:     grpo, and maxk, passk and maxk_loo1 from the call's bank: no per-group tables, no
+//              array but the rewards (the CUDA kernel at W = 32, where only these fit);
+//   kCentred:  grpo, rloo, dr_grpo and maxrl: from the group's centre alone, no sort, no tables,
+//              no array but the rewards.
+// kWide and kCentred hold their arrays in float (LaneExec::Elem): they are sent float32 rewards
+// only, and every sum and product stays in double. A call added to either set must store nothing
+// in an array but the rewards. compute_group NaN-fills a call outside the executor's set without
+// compiling its code there; the launcher sends none (test_group_math checks each set against kAll).
+enum class LaneCalls { kAll, kOnPolicy, kWide, kCentred };
 
-// The calls a wide lane computes, as the estimator code compute_group dispatches on (-1: refused):
-// grpo, and maxk, pass@k and maxk_loo1 from the call's bank (no per-group tables, one W-wide
-// array: the rewards). A switch of constants, so the compiler threads it into the dispatch and
-// drops the refused estimators' code from a wide lane.
-BK_HD int wide_lane_code(int code, bool has_bank) {
-  switch (code) {
-    case MAXK: return has_bank ? MAXK : -1;
-    case PASSK: return has_bank ? PASSK : -1;
-    case MAXK_LOO1: return has_bank ? MAXK_LOO1 : -1;
-    case GRPO: return GRPO;
-    default: return -1;
+template <class Ex, class = void>
+struct lane_calls : std::integral_constant<LaneCalls, LaneCalls::kAll> {};
+template <class Ex>
+struct lane_calls<Ex, std::void_t<decltype(Ex::kCalls)>> : std::integral_constant<LaneCalls, Ex::kCalls> {};
+
+// The estimator code compute_group dispatches on for a call of the set (-1: refused). Switches of
+// constants, so with the set a compile-time constant the compiler threads them into the dispatch
+// and drops the refused estimators' code.
+BK_HD int lane_code(LaneCalls calls, int code, bool has_bank) {
+  switch (calls) {
+    case LaneCalls::kOnPolicy:
+      return needs_deltas(code) ? -1 : code;
+    case LaneCalls::kWide:
+      switch (code) {
+        case MAXK: return has_bank ? MAXK : -1;
+        case PASSK: return has_bank ? PASSK : -1;
+        case MAXK_LOO1: return has_bank ? MAXK_LOO1 : -1;
+        case GRPO: return GRPO;
+        default: return -1;
+      }
+    case LaneCalls::kCentred:
+      switch (code) {
+        case GRPO: return GRPO;
+        case RLOO: return RLOO;
+        case DR_GRPO: return DR_GRPO;
+        case MAXRL: return MAXRL;
+        default: return -1;
+      }
+    default:
+      return code;
   }
 }
 
-BK_HD bool wide_lane_takes(int code, bool has_bank) { return wide_lane_code(code, has_bank) >= 0; }
+BK_HD bool lane_takes(LaneCalls calls, int code, bool has_bank) { return lane_code(calls, code, has_bank) >= 0; }
 
-// Whether the executor computes on-policy calls only (Ex::kOnPolicyOnly = true: the CUDA
-// small-group kernel's instantiation for the calls without deltas). The off-policy estimators'
-// code and W-wide delta arrays then stay out of its registers; the launcher sends it no
-// needs_deltas call, and compute_group would NaN-fill one.
-template <class Ex, class = void>
-struct on_policy_lane : std::false_type {};
-template <class Ex>
-struct on_policy_lane<Ex, std::void_t<decltype(Ex::kOnPolicyOnly)>> : std::bool_constant<Ex::kOnPolicyOnly> {};
+// Whether a set's arrays may be float (see LaneCalls).
+BK_HD constexpr bool lane_arrays_in_float(LaneCalls calls) {
+  return calls == LaneCalls::kWide || calls == LaneCalls::kCentred;
+}
 
-// The estimator code compute_group dispatches on: p.code, or for a wide lane wide_lane_code, or
-// for an on-policy lane -1 in place of an off-policy code (a refused call, -1, is NaN-filled).
+// The estimator code compute_group dispatches on: p.code, or -1 for a call outside the
+// executor's set (NaN-filled).
 template <class Ex>
 BK_HD int dispatch_code(const Params& p) {
-  if constexpr (wide_lane<Ex>::value) return wide_lane_code(p.code, has_bank(p));
-  else if constexpr (on_policy_lane<Ex>::value) return needs_deltas(p.code) ? -1 : p.code;
-  else return p.code;
+  return lane_code(lane_calls<Ex>::value, p.code, has_bank(p));
 }
 
 // The executors' tables(): runs body(t) with the bank's block for this group size when the call

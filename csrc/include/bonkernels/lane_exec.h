@@ -20,8 +20,8 @@
 namespace bk {
 
 // The largest group the CPU kernel runs on the lane executor; the CUDA small-group kernel takes
-// up to 16 samples for every call, and up to 32 as a wide lane (float32 rewards and the
-// wide_lane_takes calls; kThreadKernelMax and kThreadKernelMaxWide in csrc/cuda/advantages.cu).
+// up to 16 samples for every call, and up to 32 for float32 rewards and the LaneCalls::kWide calls
+// (kThreadKernelMax and kThreadKernelMaxWide in csrc/cuda/advantages.cu).
 constexpr int kLaneWidthMax = 32;
 
 // The serial halves of an exclusive scan over a thread's slots 0..ITEMS-1, which hold the ranks
@@ -84,12 +84,11 @@ struct LaneSize<W, true> {
 template <int W, class Sink = SlotValues<W>, bool kFull = false>
 struct LaneExec : LaneSize<W, kFull> {
   static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
-  static constexpr bool kWideLane = wide_lane<Sink>::value;  // computes the wide_lane_takes calls only (group_math.h)
-  static constexpr bool kOnPolicyOnly = on_policy_lane<Sink>::value;  // no needs_deltas call (group_math.h)
-  // A wide lane holds its arrays in float: it takes float32 rewards only, and the calls it
-  // computes store nothing in an array but the rewards (exact in float) and zero deltas; every
-  // sum and product is still in double (half the registers of a double array).
-  using Elem = std::conditional_t<kWideLane, float, double>;
+  static constexpr LaneCalls kCalls = lane_calls<Sink>::value;  // the calls it computes (group_math.h)
+  // kWide and kCentred hold their arrays in float: they take float32 rewards only, and their
+  // calls store nothing in an array but the rewards (exact in float) and zero deltas; every sum
+  // and product is still in double (half the registers of a double array).
+  using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
   struct Vec {
     Elem v[W];
     BK_HD Elem& operator[](int s) { return v[s]; }
