@@ -155,13 +155,16 @@ class CudaVariant:
 # --source-rev). A build is reported with the variants its cubin holds. The small-group kernel is
 # instantiated per set of calls (group_math.h's LaneCalls: kAll 0, kOnPolicy 1, kWide 2, kCentred 3):
 # "off" (kAll, which the launcher sends the off-policy estimators; older revisions: template argument
-# true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards) and the plain name
-# for the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel for all).
+# true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards), "wide" (kWide at
+# W = 8 and 16: maxk, passk and maxk_loo1 from a bank on float32 rewards) and the plain name for
+# the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel for all).
 CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8,off>", "thread_kernelILi8E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16,off>", "thread_kernelILi16E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 9, 16),
     CudaVariant("thread_kernel<8,centred>", "thread_kernelILi8ELNS_9LaneCallsE3EE", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16,centred>", "thread_kernelILi16ELNS_9LaneCallsE3EE", 128, 1, 9, 16),
+    CudaVariant("thread_kernel<8,wide>", "thread_kernelILi8ELNS_9LaneCallsE2EE", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16,wide>", "thread_kernelILi16ELNS_9LaneCallsE2EE", 128, 1, 9, 16),
     CudaVariant("thread_kernel<8>", "thread_kernelILi8E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16>", "thread_kernelILi16E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 9, 16),
     CudaVariant("thread_kernel<32>", "thread_kernelILi32E(Lb0E|LNS_9LaneCallsE2E)?E", 128, 1, 17, 32),
@@ -187,7 +190,8 @@ CUDA_VARIANTS = (
 # and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
 # and a build for every call ("default"), takes segment_kernel<2> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
-# The float32 calls it sends to the small-group kernel's kCentred instantiation (n <= 16).
+# The float32 calls it sends to the small-group kernel's kCentred instantiation (n <= 16); at
+# n <= 16 the other WIDE_LANE_BUILDS go to its kWide instantiation.
 CENTRED_LANE_BUILDS = ("grpo/fp32", "rloo/fp32", "dr_grpo/fp32", "maxrl/fp32")
 
 
@@ -207,6 +211,8 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
             if v.name.endswith(",off>") and not off_policy:
                 continue
             if v.name.endswith(",centred>") and build not in CENTRED_LANE_BUILDS:
+                continue
+            if v.name.endswith(",wide>") and build is not None and build not in WIDE_LANE_BUILDS:
                 continue
             return v
     raise ValueError(f"no CUDA kernel for n = {n}")

@@ -99,7 +99,7 @@ def test_lane_builds_follow_the_source(calls, builds):
     from bonkernels import estimators
 
     src = (Path(sk.REPO_DIR) / "csrc" / "include" / "bonkernels" / "group_math.h").read_text()
-    body = src[src.index("BK_HD int lane_code("):]
+    body = src[src.index("BK_HD constexpr int lane_code("):]
     body = body[:body.index("\n}\n")]
     body = body[body.index(f"case LaneCalls::{calls}:"):]
     body = body[:body.index("default:")]
@@ -117,8 +117,10 @@ def test_radix_passes_follow_the_source():
 
 
 def test_variant_for_n_follows_the_launcher():
-    assert sk.cuda_variant_for(8).name == "thread_kernel<8>"
-    assert sk.cuda_variant_for(16).name == "thread_kernel<16>"
+    assert sk.cuda_variant_for(8).name == "thread_kernel<8,wide>"  # (None: a wide-lane call)
+    assert sk.cuda_variant_for(16, build="maxk_loo1/fp32").name == "thread_kernel<16,wide>"
+    assert sk.cuda_variant_for(16, {"thread_kernel<16>"}, build="maxk_loo1/fp32").name == "thread_kernel<16>"
+    assert sk.cuda_variant_for(16, build="chen_passk/fp32").name == "thread_kernel<16>"
     # the off-policy estimators have their own small-group instantiation (an older build: the one kernel)
     assert sk.cuda_variant_for(16, build="maxk_offpolicy/fp32").name == "thread_kernel<16,off>"
     assert sk.cuda_variant_for(8, build="maxk_offpolicy/fp32").name == "thread_kernel<8,off>"

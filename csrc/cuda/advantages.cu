@@ -6,8 +6,8 @@
 //                kernel's small-group path (lane_exec.h), the group in registers, an odd-even merge
 //                network on the float rewards with their indices (float64: on (key, index) pairs);
 //                the samples staged through a shared-memory tile (coalesced copies in and out);
-//                one instantiation for the off-policy estimators and one, with fewer registers
-//                and so more warps per SM, for the others; every launch starts with it;
+//                one instantiation per set of calls (LaneCalls below), so that the lighter calls
+//                hold fewer registers and get more warps per SM; every launch starts with it;
 //   * n <= 32:   float32 rewards and a call a wide lane takes (grpo; maxk, pass@k, maxk_loo1
 //                from a bank): thread_kernel<32> for all the groups of the launch, its arrays in
 //                float; otherwise thread_kernel<16>, then the segment executor for the groups of
@@ -498,8 +498,9 @@ constexpr int kThreadKernelMaxWide = 32;
 // only its calls' code and so with the registers of its own most demanding path (a kernel holds
 // the registers of its largest path, so lighter calls in their own instantiation get more warps
 // per SM). The launcher picks one per call (small_group_kernel): at W = 8 and 16, kCentred for
-// grpo, rloo, dr_grpo and maxrl on float32 rewards, kAll (the only one with delta arrays) for the
-// off-policy estimators and kOnPolicy for every other call; at W = 32, kWide.
+// grpo, rloo, dr_grpo and maxrl on float32 rewards, kWide for maxk, passk and maxk_loo1 from a bank
+// on float32 rewards, kAll (the only one with delta arrays) for the off-policy estimators and
+// kOnPolicy for every other call; at W = 32, kWide.
 
 // Where a thread's group lives. GlobalGroup: in the tensors (float64; index i of the group is
 // element lo + i). TileGroup: float32, float16 and bfloat16 samples as floats in the block's
@@ -638,20 +639,36 @@ __device__ __forceinline__ void thread_group_of(const Group& group, bool off_pol
   thread_group_sized<W, C>(group, off_policy, q, n);
 }
 
-// One group of the call. The kCentred instantiation compiles one copy of the group's code per
-// estimator, each with its code a constant (at W = 16 on sm_90, one copy for the four took 144
-// registers, one per estimator 96).
+// The copy of the group's code for estimator kCode, when the set C may take it and the call is
+// kCode's; false otherwise (and no copy is compiled for a code outside the set).
+template <int W, LaneCalls C, int kCode, class Group>
+__device__ __forceinline__ bool thread_group_if(const Group& group, bool off_policy, const Params& p, int n) {
+  if constexpr (lane_code(C, kCode, true) < 0) {
+    return false;
+  } else {
+    if (p.code != kCode) return false;
+    thread_group_of<W, C, kCode>(group, off_policy, p, n);
+    return true;
+  }
+}
+
+// One group of the call. At W = 8 and 16 the float-array sets (kCentred, kWide) compile one copy
+// of the group's code per estimator, each with its code a constant: a kernel holds the registers
+// of its heaviest branch, and one copy for several estimators holds more than any of them alone
+// (sm_90, W = 16: kCentred 144 registers as one copy, 94 as one per estimator; kWide spilled at
+// 128 as one copy). At W = 32 one copy (the per-estimator copies would not fit more blocks).
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_call(const Group& group, bool off_policy, const Params& p, int n) {
-  if constexpr (C == LaneCalls::kCentred) {
-    switch (p.code) {
-      case GRPO: return thread_group_of<W, C, GRPO>(group, off_policy, p, n);
-      case RLOO: return thread_group_of<W, C, RLOO>(group, off_policy, p, n);
-      case DR_GRPO: return thread_group_of<W, C, DR_GRPO>(group, off_policy, p, n);
-      case MAXRL: return thread_group_of<W, C, MAXRL>(group, off_policy, p, n);
-      default:  // the launcher sends no other code here; as compute_group refuses one
-        for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
-    }
+  if constexpr (lane_arrays_in_float(C) && W <= kThreadKernelMax) {
+    const bool done = thread_group_if<W, C, GRPO>(group, off_policy, p, n) ||
+                      thread_group_if<W, C, RLOO>(group, off_policy, p, n) ||
+                      thread_group_if<W, C, DR_GRPO>(group, off_policy, p, n) ||
+                      thread_group_if<W, C, MAXRL>(group, off_policy, p, n) ||
+                      thread_group_if<W, C, MAXK>(group, off_policy, p, n) ||
+                      thread_group_if<W, C, PASSK>(group, off_policy, p, n) ||
+                      thread_group_if<W, C, MAXK_LOO1>(group, off_policy, p, n);
+    if (!done)  // the launcher sends no other call here; NaN, as compute_group refuses one
+      for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
   } else {
     thread_group_sized<W, C>(group, off_policy, p, n);
   }
@@ -663,9 +680,10 @@ constexpr int kThreadBlock = 128;
 // One thread's chain of dependent steps is long and only other warps hide its latency: on an H200
 // the kernel reached 22 % of copy at n = 16 with 8 warps per SM (250 registers). The on-policy
 // instantiations fit 5 blocks at W = 8 (96 registers) and, on sm_90, 3 at W = 16 (168) without a
-// spill (sm_80's compiler spills 8 bytes there: 2 blocks); kWide (W = 32) spills at 3, and kAll
-// keeps the compiler's choice (2 blocks at W = 16). kCentred, one copy per estimator, took 58
-// registers at W = 8 and 96 at W = 16 unbounded: 8 and 5 blocks. Only the device passes read it.
+// spill (sm_80's compiler spills 8 bytes there: 2 blocks); kAll keeps the compiler's choice (2
+// blocks at W = 16). The float-array sets, one copy per estimator: kCentred took 58 registers at
+// W = 8 and 94 at W = 16 unbounded (8 and 5 blocks), kWide fits 8 and 4 blocks (64 and 128)
+// without a spill, and spills at 3 blocks at W = 32. Only the device passes read it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 constexpr int kOnPolicyBlocksAt16 = 2;
 #else
@@ -676,7 +694,7 @@ constexpr int thread_kernel_min_blocks() {
   switch (C) {
     case LaneCalls::kAll: return 1;
     case LaneCalls::kCentred: return W <= 8 ? 8 : 5;
-    case LaneCalls::kWide: return 2;  // W = 32 only
+    case LaneCalls::kWide: return W <= 8 ? 8 : (W <= 16 ? 4 : 2);
     default: return W <= 8 ? 5 : kOnPolicyBlocksAt16;
   }
 }
@@ -747,6 +765,7 @@ template <int W>
 ThreadKernel thread_kernel_for(LaneCalls calls) {
   switch (calls) {
     case LaneCalls::kCentred: return thread_kernel<W, LaneCalls::kCentred>;
+    case LaneCalls::kWide: return thread_kernel<W, LaneCalls::kWide>;
     case LaneCalls::kOnPolicy: return thread_kernel<W, LaneCalls::kOnPolicy>;
     default: return thread_kernel<W, LaneCalls::kAll>;
   }
@@ -759,6 +778,7 @@ inline ThreadKernel small_group_kernel(int cap, int dtype, const Params& p) {
   if (cap == kThreadKernelMaxWide && float_lane_takes(LaneCalls::kWide, dtype, p))
     return thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>;
   const LaneCalls calls = float_lane_takes(LaneCalls::kCentred, dtype, p) ? LaneCalls::kCentred
+                          : float_lane_takes(LaneCalls::kWide, dtype, p)  ? LaneCalls::kWide
                           : needs_deltas(p.code)                         ? LaneCalls::kAll
                                                                          : LaneCalls::kOnPolicy;
   return cap == 8 ? thread_kernel_for<8>(calls) : thread_kernel_for<kThreadKernelMax>(calls);

@@ -868,6 +868,8 @@ void check_lane_set(const char* name) {
 
 void check_lane_sets() {
   check_lane_set<32, bk::LaneCalls::kWide>("wide");
+  check_lane_set<16, bk::LaneCalls::kWide>("wide");
+  check_lane_set<8, bk::LaneCalls::kWide>("wide");
   check_lane_set<16, bk::LaneCalls::kOnPolicy>("on-policy");
   check_lane_set<8, bk::LaneCalls::kOnPolicy>("on-policy");
   check_lane_set<16, bk::LaneCalls::kCentred>("centred");

@@ -221,7 +221,7 @@ BK_HD bool has_bank(const Params& p) {
 //   kAll:      every call (every host executor; the segment and block kernels);
 //   kOnPolicy: the calls without deltas;
 //   kWide:     grpo, and maxk, passk and maxk_loo1 from the call's bank: no per-group tables, no
-//              array but the rewards (the CUDA kernel at W = 32, where only these fit);
+//              array but the rewards (at W = 32 the only calls that fit);
 //   kCentred:  grpo, rloo, dr_grpo and maxrl: from the group's centre alone, no sort, no tables,
 //              no array but the rewards.
 // kWide and kCentred hold their arrays in float (LaneExec::Elem): they are sent float32 rewards
@@ -238,7 +238,7 @@ struct lane_calls<Ex, std::void_t<decltype(Ex::kCalls)>> : std::integral_constan
 // The estimator code compute_group dispatches on for a call of the set (-1: refused). Switches of
 // constants, so with the set a compile-time constant the compiler threads them into the dispatch
 // and drops the refused estimators' code.
-BK_HD int lane_code(LaneCalls calls, int code, bool has_bank) {
+BK_HD constexpr int lane_code(LaneCalls calls, int code, bool has_bank) {
   switch (calls) {
     case LaneCalls::kOnPolicy:
       return needs_deltas(code) ? -1 : code;
