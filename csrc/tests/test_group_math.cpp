@@ -3,10 +3,9 @@
 // Two executors are checked: SerialExec (cached recurrence tables, what the CPU kernel runs) and
 // ScanTablesExec (tables from the generic product scan, what the CUDA executors run); the lane
 // executor computing each set of calls the CUDA small-group kernel is built for (LaneCalls) is
-// checked against the lane computing every call, the pack
-// executor (several groups per vector register, the CPU kernel) against the lane executor, and the
-// segment executor (the CUDA kernel of groups of 17..512) against SerialExec, its lanes played by
-// host threads.
+// checked against the lane computing every call, the pack executor (several groups per vector
+// register, the CPU kernel) against the lane executor, and the segment executor (the CUDA kernel
+// of groups of 17..512) against SerialExec, its lanes played by host threads.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
