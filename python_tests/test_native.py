@@ -100,11 +100,11 @@ def test_groups_computed_together_equal_groups_alone(est):
     count, runs of equal sizes inside ragged batches, a group with a NaN among packable ones,
     constant and extreme groups; and within tolerance of the reference."""
     gen = torch.Generator().manual_seed(4242 + est.code)
-    layouts = [[n] * 7 for n in (1, 2, 5, 8, 9, 16, 17, 32)] + [[3, 3, 4, 4, 4, 33, 33, 16, 16, 1]]
+    layouts = [[n] * 15 for n in (1, 2, 5, 8, 9, 16, 17, 32)] + [[3, 3, 4, 4, 4, 33, 33, 16, 16, 1]]
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         for sizes in layouts:
             values, offsets, _ = make_batch(sizes, est, dtype, gen)
-            if len(sizes) == 7:
+            if len(sizes) == 15:
                 n = sizes[0]
                 values[n:2 * n] = 0.5                           # a constant group
                 if dtype == torch.float64:
@@ -120,7 +120,7 @@ def test_groups_computed_together_equal_groups_alone(est):
                                        alone.double().nan_to_num(7.0)), (est.name, dtype, sizes, g)
                 want = reference.advantages_packed(*args)
                 kept = torch.ones(len(values), dtype=torch.bool)
-                if len(sizes) == 7:  # (the NaN contract and the float64 limit are tested elsewhere)
+                if len(sizes) == 15:  # (the NaN contract and the float64 limit are tested elsewhere)
                     kept[2 * sizes[0]:3 * sizes[0]] = False
                     kept[5 * sizes[0]:6 * sizes[0]] = False
                 assert_matches(together[kept], want[kept], dtype, f"{est.name} {dtype} {sizes} eps={eps}")
@@ -131,23 +131,23 @@ SORTING = [e for e in NATIVE if not e.order_free]
 
 @pytest.mark.parametrize("est", SORTING, ids=lambda e: e.name)
 def test_groups_sorted_together_equal_groups_alone(est):
-    """The CPU kernel sorts four (with AVX2; else two) consecutive finite groups of one size up to
-    32 at once and computes maxk, passk, maxk_loo1 and maxk_offpolicy from a bank on all of them
+    """The CPU kernel sorts eight (with AVX-512), four (with AVX2) or two consecutive finite groups
+    of one size up to 32 at once and computes maxk, passk, maxk_loo1 and maxk_offpolicy from a bank on all of them
     (float32, float16, bfloat16 rewards: csrc/cpu/advantages_cpu.cpp, sort_pack): every group of a
     batch, to the bit, as the same group alone, with ties, NaN, inf and signed zeros, odd counts and
-    ragged runs (runs of 7 equal groups take a pack of four, one of two and one alone; the ragged
-    batch pairs and triples); with one k's bank, a mixture's bank and none; deltas (an inf among
+    ragged runs (runs of 15 equal groups, some of them special, take packs of eight, four and two
+    and groups alone; the ragged batch pairs and triples); with one k's bank, a mixture's bank and none; deltas (an inf among
     them) for the off-policy estimators; and near the reference."""
     from bonkernels import tables
 
     gen = torch.Generator().manual_seed(777 + est.code)
-    layouts = [[n] * 7 for n in (2, 3, 7, 8, 9, 16, 17, 31, 32)] + [[4, 4, 5, 5, 5, 33, 33, 16, 16, 1, 1]]
+    layouts = [[n] * 15 for n in (2, 3, 7, 8, 9, 16, 17, 31, 32)] + [[4, 4, 5, 5, 5, 33, 33, 16, 16, 1, 1]]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for sizes in layouts:
             for tied in (False, True):
                 values, offsets, deltas = make_batch(sizes, est, dtype, gen, tied=tied)
                 n = sizes[0]
-                special = len(sizes) == 7 and not est.binary
+                special = len(sizes) == 15 and not est.binary
                 if special:
                     values[1] = float("nan")           # a NaN in group 0: it goes alone
                     values[2 * n + 1] = float("inf")   # an inf in group 2 (groups 1, 2 alone too)

@@ -954,6 +954,9 @@ void check_packs() {
   check_packs_of_width<8, 4>(rng);  // (AVX registers in the CPU kernel; here any code for the vectors)
   check_packs_of_width<16, 4>(rng);
   check_packs_of_width<32, 4>(rng);
+  check_packs_of_width<8, 8>(rng);  // (AVX-512 registers in the CPU kernel)
+  check_packs_of_width<16, 8>(rng);
+  check_packs_of_width<32, 8>(rng);
   // the helpers' lane-wise meaning
   const bk::Pack<2>::Raw raw_b = {1.0, -2.0}, raw_c = {NAN, 0x1p-1074};
   const bk::Pack<2> a = bk::Pack<2>(-0.0), b = bk::Pack<2>::of(raw_b), c = bk::Pack<2>::of(raw_c);

@@ -1,6 +1,6 @@
 // Pack executor (host only): the CPU kernel's small groups of one size, L groups at a time, one
-// group per lane of a vector register (L = 2 in SSE2 registers, or 4 in AVX registers where the
-// CPU has AVX2: advantages_cpu.cpp). The per-group code is group_math.h's, written over
+// group per lane of a vector register (L = 2 in SSE2 registers, 4 in AVX registers where the CPU
+// has AVX2, 8 in AVX-512 registers where it has AVX-512: advantages_cpu.cpp). The per-group code is group_math.h's, written over
 // real_t<Ex>: here a Pack of L doubles, so every sum, product, division and square root of one
 // group runs on all L at once, and a long per-group chain (the centre, the largest residue, the
 // sum of squares, a square root, then a division per sample) overlaps across the L groups. Each
@@ -42,6 +42,13 @@ struct PackTypes<4> {  // one AVX register (code for it is compiled for AVX2: ad
   typedef uint64_t Words __attribute__((vector_size(32)));
   typedef float Floats __attribute__((vector_size(16)));
 };
+template <>
+struct PackTypes<8> {  // one AVX-512 register (code for it is compiled for AVX-512: advantages_cpu.cpp)
+  typedef double Values __attribute__((vector_size(64)));
+  typedef int64_t Bits __attribute__((vector_size(64)));
+  typedef uint64_t Words __attribute__((vector_size(64)));
+  typedef float Floats __attribute__((vector_size(32)));
+};
 
 // A vector of L lanes from L scalars, built in registers (writing a vector's lanes one by one,
 // GCC assembles four-lane vectors through memory: a store-forwarding stall each).
@@ -52,6 +59,10 @@ BK_HD V vector_of(const T (&a)[2]) {
 template <class V, class T>
 BK_HD V vector_of(const T (&a)[4]) {
   return V{a[0], a[1], a[2], a[3]};
+}
+template <class V, class T>
+BK_HD V vector_of(const T (&a)[8]) {
+  return V{a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
 }
 
 // L doubles, one per group, and a per-lane condition (all bits set where it holds).
