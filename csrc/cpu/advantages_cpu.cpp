@@ -368,26 +368,20 @@ void run_groups(const scalar_t* values, const int64_t* offsets, const scalar_t* 
       // several groups of one size at once (eight where the CPU has AVX-512, four where it has
       // AVX2, then two); a group with a NaN or inf reward or delta goes alone (the NaN contract)
       const scalar_t* d = off_policy ? deltas + base : nullptr;
+      // groups g .. g + L - 1 by pack_fn, when the CPU has its registers and they form a pack
+      auto took_pack = [&](bool cpu_has, int L, auto pack_fn) {
+        if (!(packs && cpu_has && n <= kLaneWidthMax && g + L <= g_end && packable(values + base, d, offsets, g, n, L)))
+          return false;
+        pack_fn(values + base, d, out + base, n, p);
+        g += L - 1;
+        return true;
+      };
 #if defined(BK_WIDE_PACKS)
-      if (packs && wide_512 && n <= kLaneWidthMax && g + kPackGroups512 <= g_end &&
-          packable(values + base, d, offsets, g, n, kPackGroups512)) {
-        pack_groups_512(values + base, d, out + base, n, p);
-        g += kPackGroups512 - 1;
+      if (took_pack(wide_512, kPackGroups512, pack_groups_512<scalar_t>) ||
+          took_pack(wide, kWidePackGroups, pack_groups_wide<scalar_t>))
         continue;
-      }
-      if (packs && wide && n <= kLaneWidthMax && g + kWidePackGroups <= g_end &&
-          packable(values + base, d, offsets, g, n, kWidePackGroups)) {
-        pack_groups_wide(values + base, d, out + base, n, p);
-        g += kWidePackGroups - 1;
-        continue;
-      }
 #endif
-      if (packs && n <= kLaneWidthMax && g + kPackGroups <= g_end &&
-          packable(values + base, d, offsets, g, n, kPackGroups)) {
-        pack_groups<kPackGroups>(values + base, d, out + base, n, p);
-        g += kPackGroups - 1;
-        continue;
-      }
+      if (took_pack(true, kPackGroups, pack_groups<kPackGroups, scalar_t>)) continue;
       if (n <= 8) {
         lane_group<8>(values + base, d, out + base, n, p, scratch);
       } else if (n <= 16) {

@@ -32,6 +32,8 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include <utility>
+
 #include <cub/block/block_radix_sort.cuh>
 
 #include "bonkernels/common.h"
@@ -652,6 +654,13 @@ __device__ __forceinline__ bool thread_group_if(const Group& group, bool off_pol
   }
 }
 
+// The copy for the call's code among kCodes (every estimator code; lane_code decides which have one).
+template <int W, LaneCalls C, class Group, int... kCodes>
+__device__ __forceinline__ bool thread_group_by_code(const Group& group, bool off_policy, const Params& p, int n,
+                                                     std::integer_sequence<int, kCodes...>) {
+  return (thread_group_if<W, C, kCodes>(group, off_policy, p, n) || ...);
+}
+
 // One group of the call. At W = 8 and 16 the float-array sets (kCentred, kWide) compile one copy
 // of the group's code per estimator, each with its code a constant: a kernel holds the registers
 // of its heaviest branch, and one copy for several estimators holds more than any of them alone
@@ -660,13 +669,8 @@ __device__ __forceinline__ bool thread_group_if(const Group& group, bool off_pol
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_call(const Group& group, bool off_policy, const Params& p, int n) {
   if constexpr (lane_arrays_in_float(C) && W <= kThreadKernelMax) {
-    const bool done = thread_group_if<W, C, GRPO>(group, off_policy, p, n) ||
-                      thread_group_if<W, C, RLOO>(group, off_policy, p, n) ||
-                      thread_group_if<W, C, DR_GRPO>(group, off_policy, p, n) ||
-                      thread_group_if<W, C, MAXRL>(group, off_policy, p, n) ||
-                      thread_group_if<W, C, MAXK>(group, off_policy, p, n) ||
-                      thread_group_if<W, C, PASSK>(group, off_policy, p, n) ||
-                      thread_group_if<W, C, MAXK_LOO1>(group, off_policy, p, n);
+    const bool done =
+        thread_group_by_code<W, C>(group, off_policy, p, n, std::make_integer_sequence<int, NUM_CODES>{});
     if (!done)  // the launcher sends no other call here; NaN, as compute_group refuses one
       for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
   } else {
