@@ -157,7 +157,9 @@ class CudaVariant:
 # "off" (kAll, which the launcher sends the off-policy estimators; older revisions: template argument
 # true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards), "wide" (kWide at
 # W = 8 and 16: maxk, passk and maxk_loo1 from a bank on float32 rewards) and the plain name for
-# the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel for all).
+# the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel for all). The
+# segment kernel likewise: "centred", "wide" and the plain name for kAll (older revisions: one
+# kernel for all).
 CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8,off>", "thread_kernelILi8E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16,off>", "thread_kernelILi16E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 9, 16),
@@ -168,11 +170,11 @@ CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8>", "thread_kernelILi8E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16>", "thread_kernelILi16E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 9, 16),
     CudaVariant("thread_kernel<32>", "thread_kernelILi32E(Lb0E|LNS_9LaneCallsE2E)?E", 128, 1, 17, 32),
-    CudaVariant("segment_kernel<2>", "segment_kernelILi2EE", 128, 2, 17, 32),
-    CudaVariant("segment_kernel<4>", "segment_kernelILi4EE", 128, 4, 33, 64),
-    CudaVariant("segment_kernel<8>", "segment_kernelILi8EE", 128, 8, 65, 128),
-    CudaVariant("segment_kernel<16>", "segment_kernelILi16EE", 128, 16, 129, 256),
-    CudaVariant("segment_kernel<32>", "segment_kernelILi32EE", 128, 32, 257, 512),
+    *(CudaVariant(f"segment_kernel<{lanes}{suffix}>", f"segment_kernelILi{lanes}E{calls}E", 128, lanes,
+                  lo, hi)
+      for lanes, lo, hi in ((2, 17, 32), (4, 33, 64), (8, 65, 128), (16, 129, 256), (32, 257, 512))
+      for suffix, calls in ((",centred", "LNS_9LaneCallsE3E"), (",wide", "LNS_9LaneCallsE2E"),
+                            ("", "(LNS_9LaneCallsE0E)?"))),
     CudaVariant("warp_kernel<8>", "warp_kernelILi8EE", 256, 8, 1, 8),
     CudaVariant("warp_kernel<16>", "warp_kernelILi16EE", 256, 16, 9, 16),
     CudaVariant("warp_kernel<32>", "warp_kernelILi32EE", 256, 32, 17, 32),
@@ -190,8 +192,8 @@ CUDA_VARIANTS = (
 # and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
 # and a build for every call ("default"), takes segment_kernel<2> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
-# The float32 calls it sends to the small-group kernel's kCentred instantiation (n <= 16); at
-# n <= 16 the other WIDE_LANE_BUILDS go to its kWide instantiation.
+# The float32 calls it sends to the kCentred instantiations of the small-group and segment kernels;
+# the other WIDE_LANE_BUILDS go to their kWide instantiations.
 CENTRED_LANE_BUILDS = ("grpo/fp32", "rloo/fp32", "dr_grpo/fp32", "maxrl/fp32")
 
 

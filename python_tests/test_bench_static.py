@@ -136,13 +136,20 @@ def test_variant_for_n_follows_the_launcher():
     # the calls a wide lane does not take, and a build for every call, run the 2-lane segment kernel
     assert sk.cuda_variant_for(32, build="maxk_offpolicy/fp32").name == "segment_kernel<2>"
     assert sk.cuda_variant_for(32, build="default").name == "segment_kernel<2>"
-    assert sk.cuda_variant_for(64).name == "segment_kernel<4>"
+    assert sk.cuda_variant_for(32, build="rloo/fp32").name == "segment_kernel<2,centred>"
+    # above 32 the segment kernel has the same float-set instantiations (an older build: one kernel)
+    assert sk.cuda_variant_for(64).name == "segment_kernel<4,wide>"
+    assert sk.cuda_variant_for(64, build="maxk_loo1/fp32").name == "segment_kernel<4,wide>"
+    assert sk.cuda_variant_for(64, build="grpo/fp32").name == "segment_kernel<4,centred>"
+    assert sk.cuda_variant_for(64, build="maxk_offpolicy/fp32").name == "segment_kernel<4>"
+    assert sk.cuda_variant_for(64, build="default").name == "segment_kernel<4>"
+    assert sk.cuda_variant_for(64, {"segment_kernel<4>"}, build="grpo/fp32").name == "segment_kernel<4>"
     # an older launcher: the sub-warp kernel at 32, a 32-thread block at 64
     assert sk.cuda_variant_for(32, {"thread_kernel<16>", "warp_kernel<32>"}).name == "warp_kernel<32>"
     assert sk.cuda_variant_for(64, {"block_kernel<32,2>", "block_kernel<128,2>"}).name == "block_kernel<32,2>"
-    assert sk.cuda_variant_for(128).name == "segment_kernel<8>"
-    assert sk.cuda_variant_for(256).name == "segment_kernel<16>"
-    assert sk.cuda_variant_for(512).name == "segment_kernel<32>"
+    assert sk.cuda_variant_for(128, build="default").name == "segment_kernel<8>"
+    assert sk.cuda_variant_for(256, build="default").name == "segment_kernel<16>"
+    assert sk.cuda_variant_for(512, build="default").name == "segment_kernel<32>"
     # a build of the launcher before the size buckets (no small-group kernel): its sub-warp kernels
     old = {"warp_kernel<8>", "warp_kernel<16>", "warp_kernel<32>", "block_kernel<128,2>"}
     assert sk.cuda_variant_for(8, old).name == "warp_kernel<8>"

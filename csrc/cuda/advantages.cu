@@ -15,6 +15,7 @@
 //                registers, each lane's slots sorted by the odd-even network and merged across
 //                lanes by shuffles, the lane executor's serial scans carried across lanes;
 //   * n <= 512:  the same with 4, 8, 16 or 32 lanes per group (segment_kernel<P>, 16 P samples);
+//                the segment kernel is instantiated per set of calls too (kAll, kCentred, kWide);
 //   * n <= 4096: the block executor, one block per group of more than 16 (256 threads up to 2048
 //                samples, 512 above): cub::BlockRadixSort (over the key bits the dtype can set up
 //                to 2048 samples: 9 passes for float32 and narrower, 16 for double),
@@ -179,6 +180,36 @@ __device__ __forceinline__ void nan_fill(int dtype, void* out, int64_t lo, int64
   for (int64_t i = lo + first; i < hi; i += step) store_value(dtype, out, i, BK_NAN);
 }
 
+// ----------------------------------------------------------------------------- one copy per estimator
+
+// f(q), q = p with its code the compile-time constant kCode, when the set C takes kCode and the
+// call is kCode's; false otherwise (and no copy of f's code is compiled for a code outside C).
+template <LaneCalls C, int kCode, class F>
+__device__ __forceinline__ bool call_with_code(const Params& p, F& f) {
+  if constexpr (lane_code(C, kCode, true) < 0) {
+    return false;
+  } else {
+    if (p.code != kCode) return false;
+    Params q = p;
+    q.code = kCode;
+    f(q);
+    return true;
+  }
+}
+
+template <LaneCalls C, class F, int... kCodes>
+__device__ __forceinline__ bool call_by_code(const Params& p, F& f, std::integer_sequence<int, kCodes...>) {
+  return (call_with_code<C, kCodes>(p, f) || ...);
+}
+
+// f(q) on one copy of f's code per estimator the set C takes, each with its code a constant: a
+// kernel holds the registers of its heaviest branch, and one copy for several estimators holds
+// more than any of them alone. False when C does not take the call (the launcher sends none).
+template <LaneCalls C, class F>
+__device__ __forceinline__ bool call_per_code(const Params& p, F f) {
+  return call_by_code<C>(p, f, std::make_integer_sequence<int, NUM_CODES>{});
+}
+
 // ----------------------------------------------------------------------------- segment kernel
 
 // The lanes of a warp segment as segment_exec.h's Team: shuffles among the segment's P lanes.
@@ -205,8 +236,11 @@ struct WarpTeam {
   __device__ __forceinline__ bool any(bool b) const { return __any_sync(mask, b) != 0; }
 };
 
-// Final values to the output by source index (compute_group has clipped them).
+// Final values to the output by source index (compute_group has clipped them). C: the calls of
+// the kernel's instantiation (LaneCalls).
+template <LaneCalls C>
 struct SegmentSink {
+  static constexpr LaneCalls kCalls = C;
   int idx[kSegmentItems];  // source index (within the group) of each slot, from the sort
   int n;
   int first;
@@ -242,13 +276,22 @@ __device__ __forceinline__ bool segment_load_sorted(int dtype, const void* __res
   return true;
 }
 
-// One group of n <= P * 16 samples at span.lo on a segment of P lanes.
-template <int P>
+// NaN into the lane's samples of the group (by position: every sample of the group once).
+__device__ __forceinline__ void segment_nan_fill(int dtype, void* __restrict__ out, const GroupSpan& span, int lane) {
+  const int64_t first = span.lo + int64_t(lane) * kSegmentItems;
+  BK_UNROLL
+  for (int s = 0; s < kSegmentItems; ++s)
+    if (first + s < span.hi) store_value(dtype, out, first + s, BK_NAN);
+}
+
+// One group of n <= P * 16 samples at span.lo on a segment of P lanes; C: the calls of the
+// kernel's instantiation.
+template <int P, LaneCalls C>
 __device__ __forceinline__ void segment_group(int dtype, const void* __restrict__ values,
                                               const void* __restrict__ deltas, void* __restrict__ out, const Params& p,
                                               const GroupSpan& span, int lane, unsigned mask) {
   constexpr int I = kSegmentItems;
-  using Ex = SegmentExec<P, I, WarpTeam<P>, SegmentSink>;
+  using Ex = SegmentExec<P, I, WarpTeam<P>, SegmentSink<C>>;
   Ex ex;
   ex.n = int(span.hi - span.lo);
   ex.first = lane * I;
@@ -260,31 +303,66 @@ __device__ __forceinline__ void segment_group(int dtype, const void* __restrict_
   ex.sink.out = out;
   ex.sink.dtype = dtype;
   typename Ex::Vec x, delta;
-  const bool sort = !order_free(p.code);
-  const bool loaded = dtype == BK_FLOAT64 ? segment_load_sorted<P, double>(dtype, values, sort, ex, x)
-                                          : segment_load_sorted<P, float>(dtype, values, sort, ex, x);
+  const bool sort = C != LaneCalls::kCentred && !order_free(p.code);
+  bool loaded;
+  if constexpr (lane_arrays_in_float(C))  // float32 rewards only
+    loaded = segment_load_sorted<P, float>(dtype, values, sort, ex, x);
+  else
+    loaded = dtype == BK_FLOAT64 ? segment_load_sorted<P, double>(dtype, values, sort, ex, x)
+                                 : segment_load_sorted<P, float>(dtype, values, sort, ex, x);
   if (!loaded) {
-    BK_UNROLL
-    for (int s = 0; s < I; ++s)
-      if (ex.first + s < ex.n) store_value(dtype, out, span.lo + ex.first + s, BK_NAN);
+    segment_nan_fill(dtype, out, span, lane);
     return;
   }
-  const bool off_policy = needs_deltas(p.code) && deltas != nullptr;
+  const bool off_policy = C == LaneCalls::kAll && needs_deltas(p.code) && deltas != nullptr;
   BK_UNROLL
   for (int s = 0; s < I; ++s)  // a non-finite delta makes compute_group NaN-fill the group
     delta[s] = (off_policy && ex.valid(s)) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
 }
 
+// segment_group as call_per_code's body (a functor: nvcc did not inline a lambda there, and the
+// call cost registers and spills).
+template <int P, LaneCalls C>
+struct SegmentGroupBody {
+  int dtype;
+  const void* values;
+  const void* deltas;
+  void* out;
+  const GroupSpan& span;
+  int lane;
+  unsigned mask;
+  __device__ __forceinline__ void operator()(const Params& q) const {
+    segment_group<P, C>(dtype, values, deltas, out, q, span, lane, mask);
+  }
+};
+
+// Blocks of the segment kernel an SM must hold at once (the compiler fits the registers to it).
+// kAll takes the compiler's choice (2 blocks). The float sets, one copy per estimator, need far
+// fewer registers: unbounded at P = 4 (sm_90), kCentred took 64 and kWide 121. kCentred spills at
+// 8 blocks for P = 32 (sm_80 and sm_90) and P = 2 (sm_80), and fits 7 everywhere.
+template <LaneCalls C>
+constexpr int segment_kernel_min_blocks() {
+  switch (C) {
+    case LaneCalls::kCentred: return 7;
+    case LaneCalls::kWide: return 4;
+    default: return 1;
+  }
+}
+
 // P lanes per group of up to P * 16 samples (segment_exec.h): each lane holds 16 consecutive ranks
 // in registers and runs the lane executor's serial code over them; sort merges and scan carries
-// cross lanes by shuffles. No shared memory, no block barrier.
-template <int P>
-__global__ void __launch_bounds__(128, 1) segment_kernel(int dtype, const void* __restrict__ values,
+// cross lanes by shuffles. No shared memory, no block barrier. C: the calls of the instantiation,
+// as for the small-group kernel: kAll for every call, and the float sets kCentred and kWide with
+// their arrays in float and one copy of the group's code per estimator (sm_90: kAll about 230
+// registers, 8 warps per SM; kWide 119-128, 16 warps; kCentred 64-70, 28 warps).
+template <int P, LaneCalls C>
+__global__ void __launch_bounds__(128, (segment_kernel_min_blocks<C>())) segment_kernel(int dtype, const void* __restrict__ values,
                                                       const int64_t* __restrict__ offsets,
                                                       const void* __restrict__ deltas, void* __restrict__ out,
                                                       int64_t num_groups, int64_t total, Params p, int n_lo) {
   BK_STATIC_SPECIALISE(dtype, p);
+  if constexpr (lane_arrays_in_float(C)) dtype = BK_FLOAT32;  // (the launcher sends float32 only)
   constexpr int cap = P * kSegmentItems;
   const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / P;
   if (g >= num_groups) return;  // uniform per segment
@@ -297,7 +375,12 @@ __global__ void __launch_bounds__(128, 1) segment_kernel(int dtype, const void* 
   if (span.action != GROUP_COMPUTE) return;  // uniform per segment
   // One variant for every size: a second one with the size a compile-time constant (as the
   // small-group kernel has) pushes the all-estimator build past 255 registers (spills).
-  segment_group<P>(dtype, values, deltas, out, p, span, lane, mask);
+  if constexpr (lane_arrays_in_float(C)) {
+    const bool done = call_per_code<C>(p, SegmentGroupBody<P, C>{dtype, values, deltas, out, span, lane, mask});
+    if (!done) segment_nan_fill(dtype, out, span, lane);  // (the launcher sends no other call)
+  } else {
+    segment_group<P, C>(dtype, values, deltas, out, p, span, lane, mask);
+  }
 }
 
 // ----------------------------------------------------------------------------- block executor
@@ -633,33 +716,14 @@ __device__ __forceinline__ void thread_group_sized(const Group& group, bool off_
   else thread_group<W, false, C>(group, off_policy, p, n);
 }
 
-// thread_group_sized with the estimator code a compile-time constant.
-template <int W, LaneCalls C, int kCode, class Group>
-__device__ __forceinline__ void thread_group_of(const Group& group, bool off_policy, const Params& p, int n) {
-  Params q = p;
-  q.code = kCode;
-  thread_group_sized<W, C>(group, off_policy, q, n);
-}
-
-// The copy of the group's code for estimator kCode, when the set C may take it and the call is
-// kCode's; false otherwise (and no copy is compiled for a code outside the set).
-template <int W, LaneCalls C, int kCode, class Group>
-__device__ __forceinline__ bool thread_group_if(const Group& group, bool off_policy, const Params& p, int n) {
-  if constexpr (lane_code(C, kCode, true) < 0) {
-    return false;
-  } else {
-    if (p.code != kCode) return false;
-    thread_group_of<W, C, kCode>(group, off_policy, p, n);
-    return true;
-  }
-}
-
-// The copy for the call's code among kCodes (every estimator code; lane_code decides which have one).
-template <int W, LaneCalls C, class Group, int... kCodes>
-__device__ __forceinline__ bool thread_group_by_code(const Group& group, bool off_policy, const Params& p, int n,
-                                                     std::integer_sequence<int, kCodes...>) {
-  return (thread_group_if<W, C, kCodes>(group, off_policy, p, n) || ...);
-}
+// thread_group_sized as call_per_code's body.
+template <int W, LaneCalls C, class Group>
+struct ThreadGroupBody {
+  const Group& group;
+  bool off_policy;
+  int n;
+  __device__ __forceinline__ void operator()(const Params& q) const { thread_group_sized<W, C>(group, off_policy, q, n); }
+};
 
 // One group of the call. At W = 8 and 16 the float-array sets (kCentred, kWide) compile one copy
 // of the group's code per estimator, each with its code a constant: a kernel holds the registers
@@ -669,8 +733,7 @@ __device__ __forceinline__ bool thread_group_by_code(const Group& group, bool of
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_call(const Group& group, bool off_policy, const Params& p, int n) {
   if constexpr (lane_arrays_in_float(C) && W <= kThreadKernelMax) {
-    const bool done =
-        thread_group_by_code<W, C>(group, off_policy, p, n, std::make_integer_sequence<int, NUM_CODES>{});
+    const bool done = call_per_code<C>(p, ThreadGroupBody<W, C, Group>{group, off_policy, n});
     if (!done)  // the launcher sends no other call here; NaN, as compute_group refuses one
       for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
   } else {
@@ -764,6 +827,13 @@ inline bool float_lane_takes(LaneCalls calls, int dtype, const Params& p) {
   return dtype == BK_FLOAT32 && lane_takes(calls, p.code, p.bank != nullptr);
 }
 
+// The float-array set that takes the call (kCentred first: grpo is in both), or kAll for neither.
+inline LaneCalls float_set_of(int dtype, const Params& p) {
+  if (float_lane_takes(LaneCalls::kCentred, dtype, p)) return LaneCalls::kCentred;
+  if (float_lane_takes(LaneCalls::kWide, dtype, p)) return LaneCalls::kWide;
+  return LaneCalls::kAll;
+}
+
 using ThreadKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int64_t);
 template <int W>
 ThreadKernel thread_kernel_for(LaneCalls calls) {
@@ -781,11 +851,22 @@ ThreadKernel thread_kernel_for(LaneCalls calls) {
 inline ThreadKernel small_group_kernel(int cap, int dtype, const Params& p) {
   if (cap == kThreadKernelMaxWide && float_lane_takes(LaneCalls::kWide, dtype, p))
     return thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>;
-  const LaneCalls calls = float_lane_takes(LaneCalls::kCentred, dtype, p) ? LaneCalls::kCentred
-                          : float_lane_takes(LaneCalls::kWide, dtype, p)  ? LaneCalls::kWide
-                          : needs_deltas(p.code)                         ? LaneCalls::kAll
-                                                                         : LaneCalls::kOnPolicy;
+  const LaneCalls floats = float_set_of(dtype, p);
+  const LaneCalls calls = floats != LaneCalls::kAll ? floats
+                          : needs_deltas(p.code)   ? LaneCalls::kAll
+                                                   : LaneCalls::kOnPolicy;
   return cap == 8 ? thread_kernel_for<8>(calls) : thread_kernel_for<kThreadKernelMax>(calls);
+}
+
+// The segment kernel of P lanes per group for a call: that of its float set, else kAll's.
+using SegmentKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int);
+template <int P>
+SegmentKernel segment_kernel_for(int dtype, const Params& p) {
+  switch (float_set_of(dtype, p)) {
+    case LaneCalls::kCentred: return segment_kernel<P, LaneCalls::kCentred>;
+    case LaneCalls::kWide: return segment_kernel<P, LaneCalls::kWide>;
+    default: return segment_kernel<P, LaneCalls::kAll>;
+  }
 }
 
 // Blocks of 128 threads for P lanes per group.
@@ -834,12 +915,12 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
       case kThreadKernelMax: break;  // the small-group kernel took every group
       case kThreadKernelMaxWide:
         if (float_lane_takes(bk::LaneCalls::kWide, dtype, params)) break;  // thread_kernel<32> took every group
-        rc = launch(segment_kernel<2>, segment_blocks(num_groups, 2), 128, BK_ARGS, lo);
+        rc = launch(segment_kernel_for<2>(dtype, params), segment_blocks(num_groups, 2), 128, BK_ARGS, lo);
         break;
-      case 64: rc = launch(segment_kernel<4>, segment_blocks(num_groups, 4), 128, BK_ARGS, lo); break;
-      case 128: rc = launch(segment_kernel<8>, segment_blocks(num_groups, 8), 128, BK_ARGS, lo); break;
-      case 256: rc = launch(segment_kernel<16>, segment_blocks(num_groups, 16), 128, BK_ARGS, lo); break;
-      case 512: rc = launch(segment_kernel<32>, segment_blocks(num_groups, 32), 128, BK_ARGS, lo); break;
+      case 64: rc = launch(segment_kernel_for<4>(dtype, params), segment_blocks(num_groups, 4), 128, BK_ARGS, lo); break;
+      case 128: rc = launch(segment_kernel_for<8>(dtype, params), segment_blocks(num_groups, 8), 128, BK_ARGS, lo); break;
+      case 256: rc = launch(segment_kernel_for<16>(dtype, params), segment_blocks(num_groups, 16), 128, BK_ARGS, lo); break;
+      case 512: rc = launch(segment_kernel_for<32>(dtype, params), segment_blocks(num_groups, 32), 128, BK_ARGS, lo); break;
       case 1024: rc = launch(block_kernel<256, 4>, groups, 256, BK_ARGS, lo); break;
       case 2048: rc = launch(block_kernel<256, 8>, groups, 256, BK_ARGS, lo); break;
       default: rc = launch(block_kernel<512, 8>, groups, 512, BK_ARGS, lo); break;  // 4096

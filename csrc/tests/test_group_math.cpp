@@ -560,12 +560,19 @@ struct HostSegmentSink {
   }
 };
 
+// The sink of a segment computing one set of calls (bk::LaneCalls), as the CUDA segment kernel's
+// instantiations do (kAll: every call).
+template <bk::LaneCalls C>
+struct HostSetSink : HostSegmentSink {
+  static constexpr bk::LaneCalls kCalls = C;
+};
+
 // One lane of the segment for run_segment.
-template <int P, class K>
+template <int P, class K, bk::LaneCalls C>
 void segment_lane(int lane, Rendezvous& rv, const bk::Params& p, const std::vector<double>& g,
                   const std::vector<double>& delta, std::vector<double>& out, std::vector<int>& writes) {
   constexpr int I = bk::kSegmentItems;
-  using Ex = bk::SegmentExec<P, I, HostTeam, HostSegmentSink>;
+  using Ex = bk::SegmentExec<P, I, HostTeam, HostSetSink<C>>;
   const int n = int(g.size());
   Ex ex;
   ex.n = n;
@@ -592,7 +599,7 @@ void segment_lane(int lane, Rendezvous& rv, const bk::Params& p, const std::vect
 // its slots (keys of type K, +inf past n), the segment sorts, each lane reads its deltas by
 // source index and runs compute_group. Values back in the original order; every sample must be
 // written exactly once.
-template <int P, class K>
+template <int P, class K, bk::LaneCalls C = bk::LaneCalls::kAll>
 std::vector<double> run_segment(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
                                 const bk::Params* base) {
   const int n = int(g.size());
@@ -602,7 +609,7 @@ std::vector<double> run_segment(int code, const std::vector<double>& g, const st
   Rendezvous rv(P);
   std::vector<std::thread> lanes;
   for (int lane = 0; lane < P; ++lane)
-    lanes.emplace_back([&, lane] { segment_lane<P, K>(lane, rv, p, g, delta, out, writes); });
+    lanes.emplace_back([&, lane] { segment_lane<P, K, C>(lane, rv, p, g, delta, out, writes); });
   for (auto& t : lanes) t.join();
   for (int i = 0; i < n; ++i) expect_close(writes[i], 1, 0.0, "segment writes each sample once", n, code, i);
   return out;
@@ -684,6 +691,49 @@ void check_segment_sizes(std::mt19937_64& rng, const std::vector<int>& sizes) {
   }
 }
 
+// A segment of one set of calls against the segment of every call, bit for bit, on float32
+// rewards (what the float sets are sent), every estimator, with and without a bank; a call
+// outside the set is NaN-filled.
+template <int P, bk::LaneCalls C>
+void check_segment_set(const char* name, std::mt19937_64& rng, const std::vector<int>& sizes) {
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
+  SetCounts counts;
+  for (int n : sizes)
+    for (int code = 0; code < bk::NUM_CODES; ++code) {
+      const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
+      std::vector<double> g(n), delta(n);
+      for (int i = 0; i < n; ++i) {
+        g[i] = binary ? double(uni(rng) > 0) : (n % 2 ? double(float(uni(rng))) : std::round(uni(rng) * 4) / 4);
+        delta[i] = 0.3 * uni(rng);
+      }
+      std::vector<int64_t> index(n + 1, -1);
+      index[n] = 0;
+      const auto blk = bank_block(code, n, mix);
+      const bk::Params bank = bank_params(blk, index);
+      for (const bk::Params* base : {static_cast<const bk::Params*>(nullptr), &bank}) {
+        if (base != nullptr && !bk::reads_weight_tables(code)) continue;
+        const int k = base != nullptr ? 1 : 1 + int(rng() % unsigned(n));
+        const auto all = run_segment<P, float>(code, g, delta, k, base);
+        const auto set = run_segment<P, float, C>(code, g, delta, k, base);
+        const bool takes = bk::lane_takes(C, code, base != nullptr);
+        for (int i = 0; i < n; ++i) {
+          if (takes) expect_close(set[i], all[i], 0.0, "segment of a set = segment", n, code, i);
+          else if (!(set[i] == 0.0 && all[i] == 0.0))  // 0: a group the too-small rule zeroes first
+            expect_close(set[i], NAN, 0.0, "segment of a set refuses", n, code, i);
+        }
+        counts.taken += takes;
+        counts.refused += !takes && std::isnan(set[0]);
+      }
+    }
+  ++checks;
+  if (counts.taken == 0 || counts.refused == 0) {
+    ++failures;
+    std::printf("FAIL the %s segment took %d calls and refused %d (both must be > 0)\n", name, counts.taken,
+                counts.refused);
+  }
+}
+
 void check_segments() {
   std::mt19937_64 rng(64);
   std::vector<int> pair_sizes;  // the kernel sends groups of 17..32 to 2 lanes
@@ -697,6 +747,13 @@ void check_segments() {
   check_segment_sizes<8, float>(rng, {65, 100, 128});
   check_segment_sizes<16, float>(rng, {129, 256});
   check_segment_sizes<32, float>(rng, {300, 512});
+  // The float sets' instantiations (kCentred, kWide: float arrays, one estimator's code per copy).
+  check_segment_set<2, bk::LaneCalls::kCentred>("centred", rng, {1, 2, 17, 24, 31, 32});
+  check_segment_set<2, bk::LaneCalls::kWide>("wide", rng, {1, 2, 17, 24, 31, 32});
+  check_segment_set<4, bk::LaneCalls::kCentred>("centred", rng, {17, 33, 48, 63, 64});
+  check_segment_set<4, bk::LaneCalls::kWide>("wide", rng, {17, 33, 48, 63, 64});
+  check_segment_set<8, bk::LaneCalls::kWide>("wide", rng, {65, 100, 128});
+  check_segment_set<16, bk::LaneCalls::kCentred>("centred", rng, {129, 256});
 }
 
 }  // namespace

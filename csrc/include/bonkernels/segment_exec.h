@@ -27,6 +27,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "bonkernels/common.h"
 #include "bonkernels/group_math.h"
 #include "bonkernels/lane_exec.h"
@@ -104,12 +106,16 @@ BK_HD void segment_sort(Team& team, K* key, int* idx) {
 }
 
 // The Sink receives emit(s, value) for the lane's valid slots and holds idx, the source index of
-// each slot (written by the sort).
+// each slot (written by the sort); its kCalls, if any, is the set of calls the executor computes
+// (group_math.h's LaneCalls; without one, every call).
 template <int P, int ITEMS, class Team, class Sink>
 struct SegmentExec {
+  static constexpr LaneCalls kCalls = lane_calls<Sink>::value;  // the calls it computes (group_math.h)
+  // As LaneExec: kWide and kCentred hold their arrays in float (float32 rewards only).
+  using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
   struct Vec {
-    double v[ITEMS];
-    BK_HD double& operator[](int s) { return v[s]; }
+    Elem v[ITEMS];
+    BK_HD Elem& operator[](int s) { return v[s]; }
   };
   int n;      // group size, 1 <= n <= P * ITEMS
   int first;  // 0-based rank of this lane's slot 0
