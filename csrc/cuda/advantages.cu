@@ -236,19 +236,43 @@ struct WarpTeam {
   __device__ __forceinline__ bool any(bool b) const { return __any_sync(mask, b) != 0; }
 };
 
-// Final values to the output by source index (compute_group has clipped them). C: the calls of
-// the kernel's instantiation (LaneCalls).
+// Where a segment group's samples are read and its results written: the block's shared-memory
+// tile for float32, float16 and bfloat16 (exact as floats), the tensors for float64.
+struct SegmentSamples {
+  int dtype;
+  bool in_tile;
+  const void* values;
+  const void* deltas;
+  void* out;
+  int64_t lo;               // the group's first sample in the tensors
+  float* tile;
+  const float* delta_tile;  // the deltas' tile (off-policy calls)
+  int at;                   // the group's first tile position (before tile_slot)
+  __device__ __forceinline__ double value(int i) const {
+    return in_tile ? double(tile[tile_slot(at + i)]) : load_value(dtype, values, lo + i);
+  }
+  __device__ __forceinline__ double delta(int i, const Params& p) const {
+    return in_tile ? clamp_delta(dtype, double(delta_tile[tile_slot(at + i)]), p) : load_delta(dtype, deltas, lo + i, p);
+  }
+  // One rounding per output, as store_value: the tile's float goes to float16 or bfloat16 on the
+  // way out, as store_value's conversion goes through float.
+  __device__ __forceinline__ void store(int i, double v) const {
+    if (in_tile) tile[tile_slot(at + i)] = float(v);
+    else store_value(dtype, out, lo + i, v);
+  }
+};
+
+// Final values to the group's samples by source index (compute_group has clipped them). C: the
+// calls of the kernel's instantiation (LaneCalls).
 template <LaneCalls C>
 struct SegmentSink {
   static constexpr LaneCalls kCalls = C;
   int idx[kSegmentItems];  // source index (within the group) of each slot, from the sort
   int n;
   int first;
-  int64_t base;
-  void* out;
-  int dtype;
+  SegmentSamples io;
   __device__ __forceinline__ void operator()(int s, double v) {
-    if (max(first + s, idx[s]) < n) store_value(dtype, out, base + idx[s], v);  // idx: a source index < n
+    if (max(first + s, idx[s]) < n) io.store(idx[s], v);  // idx: a source index < n
   }
 };
 
@@ -256,15 +280,14 @@ struct SegmentSink {
 // False on every lane, with nothing sorted, when a reward of the group is NaN or inf: the caller
 // NaN-fills the group by source index (the NaN contract; the sort needs finite keys).
 template <int P, class K, class Ex>
-__device__ __forceinline__ bool segment_load_sorted(int dtype, const void* __restrict__ values, bool sort, Ex& ex,
-                                                    typename Ex::Vec& x) {
+__device__ __forceinline__ bool segment_load_sorted(bool sort, Ex& ex, typename Ex::Vec& x) {
   constexpr int I = kSegmentItems;
   K key[I];
   bool bad = false;
   BK_UNROLL
   for (int s = 0; s < I; ++s) {
     const int i = ex.first + s;
-    const double v = i < ex.n ? load_value(dtype, values, ex.sink.base + i) : BK_INF;
+    const double v = i < ex.n ? ex.sink.io.value(i) : BK_INF;
     bad = bad || (i < ex.n && !finite_value(v));
     key[s] = K(v);
     ex.sink.idx[s] = i;
@@ -276,48 +299,44 @@ __device__ __forceinline__ bool segment_load_sorted(int dtype, const void* __res
   return true;
 }
 
-// NaN into the lane's samples of the group (by position: every sample of the group once).
-__device__ __forceinline__ void segment_nan_fill(int dtype, void* __restrict__ out, const GroupSpan& span, int lane) {
-  const int64_t first = span.lo + int64_t(lane) * kSegmentItems;
+// NaN into the lane's samples of a group of n (by position: every sample of the group once).
+__device__ __forceinline__ void segment_nan_fill(const SegmentSamples& io, int n, int lane) {
   BK_UNROLL
   for (int s = 0; s < kSegmentItems; ++s)
-    if (first + s < span.hi) store_value(dtype, out, first + s, BK_NAN);
+    if (lane * kSegmentItems + s < n) io.store(lane * kSegmentItems + s, BK_NAN);
 }
 
-// One group of n <= P * 16 samples at span.lo on a segment of P lanes; C: the calls of the
-// kernel's instantiation.
+// One group of n <= P * 16 samples on a segment of P lanes; C: the calls of the kernel's
+// instantiation.
 template <int P, LaneCalls C>
-__device__ __forceinline__ void segment_group(int dtype, const void* __restrict__ values,
-                                              const void* __restrict__ deltas, void* __restrict__ out, const Params& p,
-                                              const GroupSpan& span, int lane, unsigned mask) {
+__device__ __forceinline__ void segment_group(const SegmentSamples& io, const Params& p, int n, int lane,
+                                              unsigned mask) {
   constexpr int I = kSegmentItems;
   using Ex = SegmentExec<P, I, WarpTeam<P>, SegmentSink<C>>;
   Ex ex;
-  ex.n = int(span.hi - span.lo);
+  ex.n = n;
   ex.first = lane * I;
   ex.team.lane = lane;
   ex.team.mask = mask;
   ex.sink.n = ex.n;
   ex.sink.first = ex.first;
-  ex.sink.base = span.lo;
-  ex.sink.out = out;
-  ex.sink.dtype = dtype;
+  ex.sink.io = io;
   typename Ex::Vec x, delta;
   const bool sort = C != LaneCalls::kCentred && !order_free(p.code);
   bool loaded;
   if constexpr (lane_arrays_in_float(C))  // float32 rewards only
-    loaded = segment_load_sorted<P, float>(dtype, values, sort, ex, x);
+    loaded = segment_load_sorted<P, float>(sort, ex, x);
   else
-    loaded = dtype == BK_FLOAT64 ? segment_load_sorted<P, double>(dtype, values, sort, ex, x)
-                                 : segment_load_sorted<P, float>(dtype, values, sort, ex, x);
+    loaded = io.dtype == BK_FLOAT64 ? segment_load_sorted<P, double>(sort, ex, x)
+                                    : segment_load_sorted<P, float>(sort, ex, x);
   if (!loaded) {
-    segment_nan_fill(dtype, out, span, lane);
+    segment_nan_fill(io, n, lane);
     return;
   }
-  const bool off_policy = C == LaneCalls::kAll && needs_deltas(p.code) && deltas != nullptr;
+  const bool off_policy = C == LaneCalls::kAll && needs_deltas(p.code) && io.deltas != nullptr;
   BK_UNROLL
   for (int s = 0; s < I; ++s)  // a non-finite delta makes compute_group NaN-fill the group
-    delta[s] = (off_policy && ex.valid(s)) ? load_delta(dtype, deltas, span.lo + ex.sink.idx[s], p) : 0.0;
+    delta[s] = (off_policy && ex.valid(s)) ? io.delta(ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
 }
 
@@ -325,62 +344,100 @@ __device__ __forceinline__ void segment_group(int dtype, const void* __restrict_
 // call cost registers and spills).
 template <int P, LaneCalls C>
 struct SegmentGroupBody {
-  int dtype;
-  const void* values;
-  const void* deltas;
-  void* out;
-  const GroupSpan& span;
+  const SegmentSamples& io;
+  int n;
   int lane;
   unsigned mask;
-  __device__ __forceinline__ void operator()(const Params& q) const {
-    segment_group<P, C>(dtype, values, deltas, out, q, span, lane, mask);
-  }
+  __device__ __forceinline__ void operator()(const Params& q) const { segment_group<P, C>(io, q, n, lane, mask); }
 };
 
 // Blocks of the segment kernel an SM must hold at once (the compiler fits the registers to it).
 // kAll takes the compiler's choice (2 blocks). The float sets, one copy per estimator, need far
-// fewer registers: unbounded at P = 4 (sm_90), kCentred took 64 and kWide 121. kCentred spills at
-// 8 blocks for P = 32 (sm_80 and sm_90) and P = 2 (sm_80), and fits 7 everywhere.
+// fewer registers: kWide fits 4 blocks (125-128 registers), kCentred 7 on sm_90 (72; it spills at
+// 8) and 6 on sm_80 (where 7 spills 8-24 bytes). Only the device passes read it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kCentredSegmentBlocks = 6;
+#else
+constexpr int kCentredSegmentBlocks = 7;
+#endif
 template <LaneCalls C>
 constexpr int segment_kernel_min_blocks() {
   switch (C) {
-    case LaneCalls::kCentred: return 7;
+    case LaneCalls::kCentred: return kCentredSegmentBlocks;
     case LaneCalls::kWide: return 4;
     default: return 1;
   }
 }
 
+constexpr int kSegmentBlock = 128;
+
 // P lanes per group of up to P * 16 samples (segment_exec.h): each lane holds 16 consecutive ranks
 // in registers and runs the lane executor's serial code over them; sort merges and scan carries
-// cross lanes by shuffles. No shared memory, no block barrier. C: the calls of the instantiation,
-// as for the small-group kernel: kAll for every call, and the float sets kCentred and kWide with
-// their arrays in float and one copy of the group's code per estimator (sm_90: kAll about 230
-// registers, 8 warps per SM; kWide 119-128, 16 warps; kCentred 64-70, 28 warps).
+// cross lanes by shuffles. C: the calls of the instantiation, as for the small-group kernel: kAll
+// for every call, and the float sets kCentred and kWide with their arrays in float and one copy
+// of the group's code per estimator (sm_90: kAll about 238 registers, 8 warps per SM; kWide
+// 125-128, 16 warps; kCentred 72, 28 warps).
+// float32, float16 and bfloat16 go through a shared-memory tile, as in the small-group kernel: a
+// block whose groups all run here (sizes in (n_lo, cap], well formed: the usual [G, n] batch)
+// copies its span in and out with coalesced accesses; in any other block each segment copies its
+// own group to and from its 16 P slots. Without the tile each lane read and wrote 16 samples of its
+// own, and every warp-wide access touched 32 cache lines. float64 works on the tensors directly.
 template <int P, LaneCalls C>
-__global__ void __launch_bounds__(128, (segment_kernel_min_blocks<C>())) segment_kernel(int dtype, const void* __restrict__ values,
-                                                      const int64_t* __restrict__ offsets,
-                                                      const void* __restrict__ deltas, void* __restrict__ out,
-                                                      int64_t num_groups, int64_t total, Params p, int n_lo) {
+__global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()))
+    segment_kernel(int dtype, const void* __restrict__ values, const int64_t* __restrict__ offsets,
+                   const void* __restrict__ deltas, void* __restrict__ out, int64_t num_groups, int64_t total,
+                   Params p, int n_lo) {
   BK_STATIC_SPECIALISE(dtype, p);
   if constexpr (lane_arrays_in_float(C)) dtype = BK_FLOAT32;  // (the launcher sends float32 only)
   constexpr int cap = P * kSegmentItems;
-  const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / P;
-  if (g >= num_groups) return;  // uniform per segment
+  constexpr int kGroups = kSegmentBlock / P;  // groups per block
+  const int64_t g0 = int64_t(blockIdx.x) * kGroups;
+  const int64_t g = g0 + threadIdx.x / P;
+  const bool live = g < num_groups;  // uniform per segment
   const int lane32 = threadIdx.x & 31;
   const int lane = lane32 % P;
   const unsigned mask = (P == 32) ? 0xffffffffu : (((1u << P) - 1u) << (lane32 - lane));
   // Always the launch's second kernel (n_lo = 16): the small-group kernel NaN-fills the malformed
   // and oversized groups, this one computes or skips (bucket_group).
-  const GroupSpan span = bucket_group(offsets[g], offsets[g + 1], total, n_lo, cap, cap);
-  if (span.action != GROUP_COMPUTE) return;  // uniform per segment
-  // One variant for every size: a second one with the size a compile-time constant (as the
-  // small-group kernel has) pushes the all-estimator build past 255 registers (spills).
-  if constexpr (lane_arrays_in_float(C)) {
-    const bool done = call_per_code<C>(p, SegmentGroupBody<P, C>{dtype, values, deltas, out, span, lane, mask});
-    if (!done) segment_nan_fill(dtype, out, span, lane);  // (the launcher sends no other call)
-  } else {
-    segment_group<P, C>(dtype, values, deltas, out, p, span, lane, mask);
+  const int64_t begin = live ? offsets[g] : 0, end = live ? offsets[g + 1] : 0;
+  const GroupSpan span = live ? bucket_group(begin, end, total, n_lo, cap, cap) : GroupSpan{0, 0, GROUP_SKIP};
+  const bool compute = span.action == GROUP_COMPUTE;  // uniform per segment
+  const int n = int(span.hi - span.lo);
+
+  constexpr int kTile = kSegmentBlock * kSegmentItems;
+  __shared__ float tile[tile_slot(kTile - 1) + 1];
+  constexpr bool kDeltaTile = C == LaneCalls::kAll;
+  __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1) + 1 : 1];
+  const bool stage_deltas = kDeltaTile && needs_deltas(p.code) && deltas != nullptr;
+  const bool in_tile = lane_arrays_in_float(C) || dtype != BK_FLOAT64;  // uniform
+  const bool whole_block = __syncthreads_and(!live || segment_tile_fits(begin, end, total, n_lo, cap));
+  // The copied span: the block's (coalesced, every thread) or the segment's own group (its lanes).
+  const int64_t lo = whole_block ? offsets[g0] : span.lo;
+  const int len = !in_tile ? 0
+                  : whole_block ? int(offsets[num_groups - g0 < kGroups ? num_groups : g0 + kGroups] - lo)
+                                : (compute ? n : 0);
+  const int first = whole_block ? threadIdx.x : lane, step = whole_block ? kSegmentBlock : P;
+  const int at = whole_block ? 0 : (threadIdx.x - lane) * kSegmentItems;  // the copy's first tile position
+  for (int i = first; i < len; i += step) {
+    tile[tile_slot(at + i)] = float(load_value(dtype, values, lo + i));
+    if (stage_deltas) delta_tile[tile_slot(at + i)] = float(load_value(dtype, deltas, lo + i));
   }
+  if (whole_block) __syncthreads();
+  else __syncwarp(mask);
+  if (compute) {
+    const SegmentSamples io{dtype, in_tile, values, deltas, out, span.lo, tile, delta_tile, int(at + span.lo - lo)};
+    // One variant for every size: a second one with the size a compile-time constant (as the
+    // small-group kernel has) pushes the all-estimator build past 255 registers (spills).
+    if constexpr (lane_arrays_in_float(C)) {
+      const bool done = call_per_code<C>(p, SegmentGroupBody<P, C>{io, n, lane, mask});
+      if (!done) segment_nan_fill(io, n, lane);  // (the launcher sends no other call)
+    } else {
+      segment_group<P, C>(io, p, n, lane, mask);
+    }
+  }
+  if (whole_block) __syncthreads();
+  else __syncwarp(mask);
+  for (int i = first; i < len; i += step) store_rounded(dtype, out, lo + i, tile[tile_slot(at + i)]);
 }
 
 // ----------------------------------------------------------------------------- block executor
@@ -869,8 +926,10 @@ SegmentKernel segment_kernel_for(int dtype, const Params& p) {
   }
 }
 
-// Blocks of 128 threads for P lanes per group.
-inline unsigned segment_blocks(int64_t num_groups, int lanes) { return unsigned((num_groups * lanes + 127) / 128); }
+// Blocks of kSegmentBlock threads for P lanes per group.
+inline unsigned segment_blocks(int64_t num_groups, int lanes) {
+  return unsigned((num_groups * lanes + kSegmentBlock - 1) / kSegmentBlock);
+}
 
 template <class Kernel, class Extra>
 cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, int dtype,
@@ -915,12 +974,12 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
       case kThreadKernelMax: break;  // the small-group kernel took every group
       case kThreadKernelMaxWide:
         if (float_lane_takes(bk::LaneCalls::kWide, dtype, params)) break;  // thread_kernel<32> took every group
-        rc = launch(segment_kernel_for<2>(dtype, params), segment_blocks(num_groups, 2), 128, BK_ARGS, lo);
+        rc = launch(segment_kernel_for<2>(dtype, params), segment_blocks(num_groups, 2), kSegmentBlock, BK_ARGS, lo);
         break;
-      case 64: rc = launch(segment_kernel_for<4>(dtype, params), segment_blocks(num_groups, 4), 128, BK_ARGS, lo); break;
-      case 128: rc = launch(segment_kernel_for<8>(dtype, params), segment_blocks(num_groups, 8), 128, BK_ARGS, lo); break;
-      case 256: rc = launch(segment_kernel_for<16>(dtype, params), segment_blocks(num_groups, 16), 128, BK_ARGS, lo); break;
-      case 512: rc = launch(segment_kernel_for<32>(dtype, params), segment_blocks(num_groups, 32), 128, BK_ARGS, lo); break;
+      case 64: rc = launch(segment_kernel_for<4>(dtype, params), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, lo); break;
+      case 128: rc = launch(segment_kernel_for<8>(dtype, params), segment_blocks(num_groups, 8), kSegmentBlock, BK_ARGS, lo); break;
+      case 256: rc = launch(segment_kernel_for<16>(dtype, params), segment_blocks(num_groups, 16), kSegmentBlock, BK_ARGS, lo); break;
+      case 512: rc = launch(segment_kernel_for<32>(dtype, params), segment_blocks(num_groups, 32), kSegmentBlock, BK_ARGS, lo); break;
       case 1024: rc = launch(block_kernel<256, 4>, groups, 256, BK_ARGS, lo); break;
       case 2048: rc = launch(block_kernel<256, 8>, groups, 256, BK_ARGS, lo); break;
       default: rc = launch(block_kernel<512, 8>, groups, 512, BK_ARGS, lo); break;  // 4096

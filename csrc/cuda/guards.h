@@ -70,6 +70,13 @@ BK_HD bool tile_fits(int64_t begin, int64_t end, int64_t total, int W) {
   return begin >= 0 && begin <= end && end <= total && end - begin <= W;
 }
 
+// The segment kernel's tile (advantages.cu) likewise: a block takes it when every group of it is
+// well formed and runs on that kernel (more than n_lo samples, at most cap), so that its copy out
+// writes only the samples of groups it computed; the small-group kernel has written the others.
+BK_HD bool segment_tile_fits(int64_t begin, int64_t end, int64_t total, int64_t n_lo, int cap) {
+  return tile_fits(begin, end, total, cap) && end - begin > n_lo;
+}
+
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }
 

@@ -422,6 +422,48 @@ void test_tile() {
   }
 }
 
+// The segment kernel's tile (advantages.cu, segment_kernel<P>): a block of 128 threads, 128 / P
+// groups, takes it when every live group passes segment_tile_fits; then its groups must tile
+// [0, len) exactly, len <= 128 * 16, and each position must belong to a group that the segment
+// kernel computes (its copy out must not overwrite what the small-group kernel wrote).
+void test_segment_tile() {
+  const int kBlock = 128, kItems = 16, kLo = 16;
+  std::mt19937_64 rng(12);
+  int taken = 0;
+  for (int P : {2, 4, 8, 16, 32}) {
+    const int cap = P * kItems, groups = kBlock / P;
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int G = 1 + int(rng() % 200);
+      std::vector<int64_t> off(static_cast<size_t>(G + 1));
+      for (int g = 1; g <= G; ++g) {
+        const int kind = int(rng() % 50);  // mostly sizes of this kernel, sometimes small or large
+        const int64_t n = kind == 0 ? int64_t(rng() % (kLo + 1)) : kind == 1 ? cap + 1 : kLo + 1 + int64_t(rng() % uint64_t(cap - kLo));
+        off[size_t(g)] = off[size_t(g - 1)] + n;
+      }
+      if (trial % 5 == 1) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 200) - 20;  // malformed
+      const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + int64_t(trial % 3 == 2 ? 5 : 0);
+      for (int64_t g0 = 0; g0 < G; g0 += groups) {
+        const int64_t last = std::min<int64_t>(G, g0 + groups);
+        bool fits = true;
+        for (int64_t g = g0; g < last; ++g) fits = fits && bk::cuda::segment_tile_fits(off[g], off[g + 1], total, kLo, cap);
+        if (!fits) continue;
+        ++taken;
+        const int64_t lo = off[size_t(g0)], len = off[size_t(last)] - lo;
+        expect(lo >= 0 && len > 0 && len <= int64_t(kBlock) * kItems && lo + len <= total, "segment tile span inside", P, len);
+        std::vector<int> owner(static_cast<size_t>(std::max<int64_t>(len, 0)), 0);
+        for (int64_t g = g0; g < last; ++g) {
+          const GroupSpan s = bk::cuda::bucket_group(off[g], off[g + 1], total, kLo, cap, cap);
+          expect(s.action == bk::cuda::GROUP_COMPUTE, "a fitting group is computed by the segment kernel", P, g);
+          for (int64_t i = s.lo; i < s.hi; ++i)
+            if (i - lo >= 0 && i - lo < len) ++owner[size_t(i - lo)];
+        }
+        for (int64_t i = 0; i < len; ++i) expect(owner[size_t(i)] == 1, "each segment tile position has one owner", P, i);
+      }
+    }
+  }
+  expect(taken > 1000, "blocks take the segment tile", taken, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -432,6 +474,7 @@ int main() {
   test_bucket_group();
   test_clip_after_rounding();
   test_tile();
+  test_segment_tile();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

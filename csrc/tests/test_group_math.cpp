@@ -420,20 +420,36 @@ bk::Params bank_params(const std::vector<double>& bank, const std::vector<int64_
 struct SetCounts {
   int taken = 0, refused = 0;
 };
-template <int W, bk::LaneCalls C>
-void check_lane_calls(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
-                      const bk::Params* base, SetCounts& counts) {
-  const int n = int(g.size());
-  const auto all = run<SetLane<W>>(code, g, delta, k, 1e-6, base);
-  const auto set = run<SetLane<W, C>>(code, g, delta, k, 1e-6, base);
-  const bool takes = bk::lane_takes(C, code, base != nullptr && base->bank != nullptr);
+// An executor of one set of calls (`set`) against the same executor computing every call (`all`):
+// the same bits when the set takes the call, else NaN.
+void expect_set_result(const char* what, const std::vector<double>& set, const std::vector<double>& all, bool takes,
+                       int code, SetCounts& counts) {
+  const int n = int(set.size());
   for (int i = 0; i < n; ++i) {
-    if (takes) expect_close(set[i], all[i], 0.0, "lane of a set = lane", n, code, i);
+    if (takes) expect_close(set[i], all[i], 0.0, what, n, code, i);
     else if (!(set[i] == 0.0 && all[i] == 0.0))  // 0: a group the too-small rule zeroes first
-      expect_close(set[i], NAN, 0.0, "lane of a set refuses", n, code, i);
+      expect_close(set[i], NAN, 0.0, what, n, code, i);
   }
   counts.taken += takes;
   counts.refused += !takes && std::isnan(set[0]);
+}
+
+// A set must take at least one call and refuse at least one.
+void expect_set_counts(const char* name, const SetCounts& counts) {
+  ++checks;
+  if (counts.taken == 0 || counts.refused == 0) {
+    ++failures;
+    std::printf("FAIL the %s took %d calls and refused %d (both must be > 0)\n", name, counts.taken, counts.refused);
+  }
+}
+
+template <int W, bk::LaneCalls C>
+void check_lane_calls(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
+                      const bk::Params* base, SetCounts& counts) {
+  const auto all = run<SetLane<W>>(code, g, delta, k, 1e-6, base);
+  const auto set = run<SetLane<W, C>>(code, g, delta, k, 1e-6, base);
+  expect_set_result("lane of a set (= lane, or NaN)", set, all, bk::lane_takes(C, code, base != nullptr && base->bank != nullptr),
+                    code, counts);
 }
 
 // A bank call equals the weighted sum of single-k calls with small_groups = "clamp"; a missing or
@@ -654,21 +670,30 @@ void check_segment_sort(std::mt19937_64& rng, int n, bool ties) {
   for (int i = 0; i < P * I; ++i) expect_close(seen[i], 1, 0.0, "segment sort is a permutation", n, P, i);
 }
 
+// A test group for `code` and its deltas: 0/1 rewards for the binary estimators, else arbitrary
+// values of type K when n % period != 0 and quarter steps (ties) otherwise.
+template <class K>
+void draw_group(std::mt19937_64& rng, int code, int n, int period, std::vector<double>& g, std::vector<double>& delta) {
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
+  g.resize(n);
+  delta.resize(n);
+  for (int i = 0; i < n; ++i) {
+    g[i] = binary ? double(uni(rng) > 0) : (n % period ? double(K(uni(rng))) : std::round(uni(rng) * 4) / 4);
+    delta[i] = 0.3 * uni(rng);
+  }
+}
+
 // Every estimator on a segment of P lanes against SerialExec, single-k and from a bank, with float
 // keys (float32 rewards, what the kernel sorts for float32/float16/bfloat16) and double keys.
 template <int P, class K>
 void check_segment_sizes(std::mt19937_64& rng, const std::vector<int>& sizes) {
-  std::uniform_real_distribution<double> uni(-1.0, 1.0);
   const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
   for (int n : sizes) {
     for (int rep = 0; rep < 2; ++rep) check_segment_sort<P, K>(rng, n, rep == 1);
     for (int code = 0; code < bk::NUM_CODES; ++code) {
-      const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
-      std::vector<double> g(n), delta(n);
-      for (int i = 0; i < n; ++i) {
-        g[i] = binary ? double(uni(rng) > 0) : (n % 3 ? double(K(uni(rng))) : std::round(uni(rng) * 4) / 4);
-        delta[i] = 0.3 * uni(rng);
-      }
+      std::vector<double> g, delta;
+      draw_group<K>(rng, code, n, 3, g, delta);
       const int k = 1 + int(rng() % unsigned(n));
       const double tol = (code == bk::GRPO || code == bk::BON_MEAN || code == bk::CHEN_PASSK) ? 1e-9 : 1e-11;
       const auto want = run<bk::SerialExec>(code, g, delta, k);
@@ -696,17 +721,12 @@ void check_segment_sizes(std::mt19937_64& rng, const std::vector<int>& sizes) {
 // outside the set is NaN-filled.
 template <int P, bk::LaneCalls C>
 void check_segment_set(const char* name, std::mt19937_64& rng, const std::vector<int>& sizes) {
-  std::uniform_real_distribution<double> uni(-1.0, 1.0);
   const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
   SetCounts counts;
   for (int n : sizes)
     for (int code = 0; code < bk::NUM_CODES; ++code) {
-      const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
-      std::vector<double> g(n), delta(n);
-      for (int i = 0; i < n; ++i) {
-        g[i] = binary ? double(uni(rng) > 0) : (n % 2 ? double(float(uni(rng))) : std::round(uni(rng) * 4) / 4);
-        delta[i] = 0.3 * uni(rng);
-      }
+      std::vector<double> g, delta;
+      draw_group<float>(rng, code, n, 2, g, delta);
       std::vector<int64_t> index(n + 1, -1);
       index[n] = 0;
       const auto blk = bank_block(code, n, mix);
@@ -716,22 +736,11 @@ void check_segment_set(const char* name, std::mt19937_64& rng, const std::vector
         const int k = base != nullptr ? 1 : 1 + int(rng() % unsigned(n));
         const auto all = run_segment<P, float>(code, g, delta, k, base);
         const auto set = run_segment<P, float, C>(code, g, delta, k, base);
-        const bool takes = bk::lane_takes(C, code, base != nullptr);
-        for (int i = 0; i < n; ++i) {
-          if (takes) expect_close(set[i], all[i], 0.0, "segment of a set = segment", n, code, i);
-          else if (!(set[i] == 0.0 && all[i] == 0.0))  // 0: a group the too-small rule zeroes first
-            expect_close(set[i], NAN, 0.0, "segment of a set refuses", n, code, i);
-        }
-        counts.taken += takes;
-        counts.refused += !takes && std::isnan(set[0]);
+        expect_set_result("segment of a set (= segment, or NaN)", set, all, bk::lane_takes(C, code, base != nullptr),
+                          code, counts);
       }
     }
-  ++checks;
-  if (counts.taken == 0 || counts.refused == 0) {
-    ++failures;
-    std::printf("FAIL the %s segment took %d calls and refused %d (both must be > 0)\n", name, counts.taken,
-                counts.refused);
-  }
+  expect_set_counts(name, counts);
 }
 
 void check_segments() {
@@ -748,12 +757,12 @@ void check_segments() {
   check_segment_sizes<16, float>(rng, {129, 256});
   check_segment_sizes<32, float>(rng, {300, 512});
   // The float sets' instantiations (kCentred, kWide: float arrays, one estimator's code per copy).
-  check_segment_set<2, bk::LaneCalls::kCentred>("centred", rng, {1, 2, 17, 24, 31, 32});
-  check_segment_set<2, bk::LaneCalls::kWide>("wide", rng, {1, 2, 17, 24, 31, 32});
-  check_segment_set<4, bk::LaneCalls::kCentred>("centred", rng, {17, 33, 48, 63, 64});
-  check_segment_set<4, bk::LaneCalls::kWide>("wide", rng, {17, 33, 48, 63, 64});
-  check_segment_set<8, bk::LaneCalls::kWide>("wide", rng, {65, 100, 128});
-  check_segment_set<16, bk::LaneCalls::kCentred>("centred", rng, {129, 256});
+  check_segment_set<2, bk::LaneCalls::kCentred>("centred segment", rng, {1, 2, 17, 24, 31, 32});
+  check_segment_set<2, bk::LaneCalls::kWide>("wide segment", rng, {1, 2, 17, 24, 31, 32});
+  check_segment_set<4, bk::LaneCalls::kCentred>("centred segment", rng, {17, 33, 48, 63, 64});
+  check_segment_set<4, bk::LaneCalls::kWide>("wide segment", rng, {17, 33, 48, 63, 64});
+  check_segment_set<8, bk::LaneCalls::kWide>("wide segment", rng, {65, 100, 128});
+  check_segment_set<16, bk::LaneCalls::kCentred>("centred segment", rng, {129, 256});
 }
 
 }  // namespace
@@ -896,17 +905,12 @@ void check_division_ftz() {
 template <int W, bk::LaneCalls C>
 void check_lane_set(const char* name) {
   std::mt19937_64 rng(W);
-  std::uniform_real_distribution<double> uni(-1.0, 1.0);
   const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
   SetCounts counts;
   for (int code = 0; code < bk::NUM_CODES; ++code)
     for (int n = 1; n <= W; ++n) {
-      const bool binary = code == bk::PASSK || code == bk::CHEN_PASSK || code == bk::BON_RLB || code == bk::BON_RLB_POS;
-      std::vector<double> g(n), delta(n);
-      for (int i = 0; i < n; ++i) {
-        g[i] = binary ? double(uni(rng) > 0) : (n % 2 ? double(float(uni(rng))) : std::round(uni(rng) * 4) / 4);
-        delta[i] = 0.3 * uni(rng);
-      }
+      std::vector<double> g, delta;
+      draw_group<float>(rng, code, n, 2, g, delta);
       check_lane_calls<W, C>(code, g, delta, 2, nullptr, counts);
       if (!bk::reads_weight_tables(code)) continue;
       const auto blk = bank_block(code, n, mix);
@@ -915,21 +919,17 @@ void check_lane_set(const char* name) {
       const bk::Params base = bank_params(blk, index);
       check_lane_calls<W, C>(code, g, delta, 1, &base, counts);
     }
-  ++checks;
-  if (counts.taken == 0 || counts.refused == 0) {
-    ++failures;
-    std::printf("FAIL the %s lane took %d calls and refused %d (both must be > 0)\n", name, counts.taken, counts.refused);
-  }
+  expect_set_counts(name, counts);
 }
 
 void check_lane_sets() {
-  check_lane_set<32, bk::LaneCalls::kWide>("wide");
-  check_lane_set<16, bk::LaneCalls::kWide>("wide");
-  check_lane_set<8, bk::LaneCalls::kWide>("wide");
-  check_lane_set<16, bk::LaneCalls::kOnPolicy>("on-policy");
-  check_lane_set<8, bk::LaneCalls::kOnPolicy>("on-policy");
-  check_lane_set<16, bk::LaneCalls::kCentred>("centred");
-  check_lane_set<8, bk::LaneCalls::kCentred>("centred");
+  check_lane_set<32, bk::LaneCalls::kWide>("wide lane");
+  check_lane_set<16, bk::LaneCalls::kWide>("wide lane");
+  check_lane_set<8, bk::LaneCalls::kWide>("wide lane");
+  check_lane_set<16, bk::LaneCalls::kOnPolicy>("on-policy lane");
+  check_lane_set<8, bk::LaneCalls::kOnPolicy>("on-policy lane");
+  check_lane_set<16, bk::LaneCalls::kCentred>("centred lane");
+  check_lane_set<8, bk::LaneCalls::kCentred>("centred lane");
 }
 
 // ---------------------------------------------------------------- the pack executor
