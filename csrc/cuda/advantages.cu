@@ -15,7 +15,8 @@
 //                registers, each lane's slots sorted by the odd-even network and merged across
 //                lanes by shuffles, the lane executor's serial scans carried across lanes;
 //   * n <= 512:  the same with 4, 8, 16 or 32 lanes per group (segment_kernel<P>, 16 P samples);
-//                the segment kernel is instantiated per set of calls too (kAll, kCentred, kWide);
+//                the segment kernel is instantiated per set of calls too (kAll, kCentred, kWide)
+//                and stages its samples through a shared-memory tile as well;
 //   * n <= 4096: the block executor, one block per group of more than 16 (256 threads up to 2048
 //                samples, 512 above): cub::BlockRadixSort (over the key bits the dtype can set up
 //                to 2048 samples: 9 passes for float32 and narrower, 16 for double),
@@ -353,17 +354,13 @@ struct SegmentGroupBody {
 
 // Blocks of the segment kernel an SM must hold at once (the compiler fits the registers to it).
 // kAll takes the compiler's choice (2 blocks). The float sets, one copy per estimator, need far
-// fewer registers: kWide fits 4 blocks (125-128 registers), kCentred 7 on sm_90 (72; it spills at
-// 8) and 6 on sm_80 (where 7 spills 8-24 bytes). Only the device passes read it.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-constexpr int kCentredSegmentBlocks = 6;
-#else
-constexpr int kCentredSegmentBlocks = 7;
-#endif
+// fewer registers: kWide fits 4 blocks (124-126 registers), kCentred 6 (72-80). kCentred at 7
+// blocks fits sm_90's 72 registers by a hair (one variant spilled 12 bytes after a change that
+// moved no arithmetic) and spills on sm_80.
 template <LaneCalls C>
 constexpr int segment_kernel_min_blocks() {
   switch (C) {
-    case LaneCalls::kCentred: return kCentredSegmentBlocks;
+    case LaneCalls::kCentred: return 6;
     case LaneCalls::kWide: return 4;
     default: return 1;
   }
@@ -376,7 +373,7 @@ constexpr int kSegmentBlock = 128;
 // cross lanes by shuffles. C: the calls of the instantiation, as for the small-group kernel: kAll
 // for every call, and the float sets kCentred and kWide with their arrays in float and one copy
 // of the group's code per estimator (sm_90: kAll about 238 registers, 8 warps per SM; kWide
-// 125-128, 16 warps; kCentred 72, 28 warps).
+// about 126, 16 warps; kCentred 74-80, 24 warps).
 // float32, float16 and bfloat16 go through a shared-memory tile, as in the small-group kernel: a
 // block whose groups all run here (sizes in (n_lo, cap], well formed: the usual [G, n] batch)
 // copies its span in and out with coalesced accesses; in any other block each segment copies its
@@ -412,20 +409,19 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
   const bool in_tile = lane_arrays_in_float(C) || dtype != BK_FLOAT64;  // uniform
   const bool whole_block = __syncthreads_and(!live || segment_tile_fits(begin, end, total, n_lo, cap));
   // The copied span: the block's (coalesced, every thread) or the segment's own group (its lanes).
-  const int64_t lo = whole_block ? offsets[g0] : span.lo;
-  const int len = !in_tile ? 0
-                  : whole_block ? int(offsets[num_groups - g0 < kGroups ? num_groups : g0 + kGroups] - lo)
-                                : (compute ? n : 0);
-  const int first = whole_block ? threadIdx.x : lane, step = whole_block ? kSegmentBlock : P;
-  const int at = whole_block ? 0 : (threadIdx.x - lane) * kSegmentItems;  // the copy's first tile position
-  for (int i = first; i < len; i += step) {
-    tile[tile_slot(at + i)] = float(load_value(dtype, values, lo + i));
-    if (stage_deltas) delta_tile[tile_slot(at + i)] = float(load_value(dtype, deltas, lo + i));
+  const int64_t block_lo = whole_block ? offsets[g0] : 0;
+  const int64_t block_hi = whole_block ? offsets[num_groups - g0 < kGroups ? num_groups : g0 + kGroups] : 0;
+  const SegmentCopy copy =
+      segment_copy(in_tile, whole_block, block_lo, block_hi, span, compute, threadIdx.x, P, kSegmentItems, kSegmentBlock);
+  for (int i = copy.first; i < copy.len; i += copy.step) {
+    tile[tile_slot(copy.at + i)] = float(load_value(dtype, values, copy.lo + i));
+    if (stage_deltas) delta_tile[tile_slot(copy.at + i)] = float(load_value(dtype, deltas, copy.lo + i));
   }
   if (whole_block) __syncthreads();
   else __syncwarp(mask);
   if (compute) {
-    const SegmentSamples io{dtype, in_tile, values, deltas, out, span.lo, tile, delta_tile, int(at + span.lo - lo)};
+    const SegmentSamples io{dtype, in_tile, values, deltas, out, span.lo, tile, delta_tile,
+                            int(copy.at + span.lo - copy.lo)};
     // One variant for every size: a second one with the size a compile-time constant (as the
     // small-group kernel has) pushes the all-estimator build past 255 registers (spills).
     if constexpr (lane_arrays_in_float(C)) {
@@ -437,7 +433,8 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
   }
   if (whole_block) __syncthreads();
   else __syncwarp(mask);
-  for (int i = first; i < len; i += step) store_rounded(dtype, out, lo + i, tile[tile_slot(at + i)]);
+  for (int i = copy.first; i < copy.len; i += copy.step)
+    store_rounded(dtype, out, copy.lo + i, tile[tile_slot(copy.at + i)]);
 }
 
 // ----------------------------------------------------------------------------- block executor

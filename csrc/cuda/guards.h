@@ -77,6 +77,22 @@ BK_HD bool segment_tile_fits(int64_t begin, int64_t end, int64_t total, int64_t 
   return tile_fits(begin, end, total, cap) && end - begin > n_lo;
 }
 
+// What one thread of the segment kernel copies between the tensors and its tile (advantages.cu):
+// positions first, first + step, ... below len, tensor position lo + i at tile position at + i. A
+// block whose groups all fit (whole_block) copies its span [block_lo, block_hi) with every thread;
+// in any other block each segment of P lanes copies its own group, when it computes one, into its
+// own P * items slots. Nothing without the tile (float64).
+struct SegmentCopy {
+  int64_t lo;
+  int len, first, step, at;
+};
+BK_HD SegmentCopy segment_copy(bool in_tile, bool whole_block, int64_t block_lo, int64_t block_hi,
+                               const GroupSpan& span, bool compute, int thread, int P, int items, int block_threads) {
+  const int lane = thread % P;
+  if (whole_block) return {block_lo, in_tile ? int(block_hi - block_lo) : 0, thread, block_threads, 0};
+  return {span.lo, in_tile && compute ? int(span.hi - span.lo) : 0, lane, P, (thread - lane) * items};
+}
+
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }
 

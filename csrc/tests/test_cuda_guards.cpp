@@ -464,6 +464,77 @@ void test_segment_tile() {
   expect(taken > 1000, "blocks take the segment tile", taken, 0);
 }
 
+// The segment kernel's copies (segment_copy) replayed for every thread of every block, as the
+// kernel computes its arguments: each tile slot is written by at most one thread and lies inside
+// the tile; each computed group finds its own samples at its tile position (io.at = at + span.lo -
+// lo); the copy out writes every sample of a computed group exactly once and nothing else (once
+// per group: malformed offsets can give two groups the same samples, as without the tile).
+void test_segment_copy() {
+  const int kBlock = 128, kItems = 16, kLo = 16, kTile = kBlock * kItems;
+  std::mt19937_64 rng(13);
+  int whole = 0, own = 0;
+  for (int P : {2, 4, 8, 16, 32}) {
+    const int cap = P * kItems, groups = kBlock / P;
+    for (int trial = 0; trial < 600; ++trial) {
+      const int G = 1 + int(rng() % 100);
+      std::vector<int64_t> off(static_cast<size_t>(G + 1));
+      for (int g = 1; g <= G; ++g) {
+        const int kind = int(rng() % (trial % 2 ? 4 : 60));  // half the trials mix in small groups
+        const int64_t n = kind == 0 ? int64_t(rng() % (kLo + 1)) : kind == 1 ? cap + 1 : kLo + 1 + int64_t(rng() % uint64_t(cap - kLo));
+        off[size_t(g)] = off[size_t(g - 1)] + n;
+      }
+      if (trial % 7 == 3) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 300) - 20;  // malformed
+      const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + 3;
+      const bool in_tile = trial % 9 != 0;  // float64: no copies
+      for (int64_t g0 = 0; g0 < G; g0 += groups) {
+        const int64_t last = std::min<int64_t>(G, g0 + groups);
+        bool whole_block = true;
+        for (int64_t g = g0; g < last; ++g)
+          whole_block = whole_block && bk::cuda::segment_tile_fits(off[g], off[g + 1], total, kLo, cap);
+        const int64_t block_lo = whole_block ? off[size_t(g0)] : 0, block_hi = whole_block ? off[size_t(last)] : 0;
+        std::vector<int64_t> source(kTile, -1);  // the tensor position each tile slot holds
+        std::vector<int> written(static_cast<size_t>(total), 0);
+        std::vector<int> computed(static_cast<size_t>(total), 0);  // (malformed offsets can overlap two groups)
+        std::vector<bk::cuda::SegmentCopy> copies(kBlock);
+        for (int pass = 0; pass < 2; ++pass)  // copy in for every thread, then check and copy out
+          for (int t = 0; t < kBlock; ++t) {
+            const int64_t g = g0 + t / P;
+            const bool live = g < G;
+            const GroupSpan span = live ? bk::cuda::bucket_group(off[g], off[g + 1], total, kLo, cap, cap)
+                                        : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
+            const bool compute = span.action == bk::cuda::GROUP_COMPUTE;
+            if (pass == 0) {
+              const auto c = bk::cuda::segment_copy(in_tile, whole_block, block_lo, block_hi, span, compute, t, P, kItems, kBlock);
+              copies[size_t(t)] = c;
+              for (int i = c.first; i < c.len; i += c.step) {
+                const bool inside = c.at + i >= 0 && c.at + i < kTile && c.lo + i >= 0 && c.lo + i < total;
+                expect(inside, "segment copy inside the tile and the tensors", P, c.at + i);
+                if (!inside) return;
+                expect(source[size_t(c.at + i)] == -1, "one writer per tile slot", P, c.at + i);
+                source[size_t(c.at + i)] = c.lo + i;
+              }
+              continue;
+            }
+            const auto& c = copies[size_t(t)];
+            if (compute && in_tile && t % P == 0) {  // the group's lanes read at io.at = at + span.lo - lo
+              const int64_t at = c.at + (span.lo - c.lo);
+              for (int64_t j = 0; j < span.hi - span.lo; ++j) {
+                expect(at + j >= 0 && at + j < kTile && source[size_t(at + j)] == span.lo + j, "a group finds its samples",
+                       P, j);
+                ++computed[size_t(span.lo + j)];
+              }
+            }
+            for (int i = c.first; i < c.len; i += c.step) ++written[size_t(c.lo + i)];
+          }
+        (whole_block ? whole : own) += in_tile;
+        for (int64_t i = 0; i < total; ++i)
+          expect(written[size_t(i)] == computed[size_t(i)], "the copy out writes each computed sample once", P, i);
+      }
+    }
+  }
+  expect(whole > 500 && own > 500, "both copies are exercised", whole, own);
+}
+
 }  // namespace
 
 int main() {
@@ -475,6 +546,7 @@ int main() {
   test_clip_after_rounding();
   test_tile();
   test_segment_tile();
+  test_segment_copy();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }
