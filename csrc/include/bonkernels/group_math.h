@@ -215,16 +215,16 @@ BK_HD bool has_bank(const Params& p) {
 #endif
 }
 
-// The calls an executor computes (Ex::kCalls; without one, every call). The CUDA small-group
-// kernel has one instantiation per set, compiled with that set's code alone: a kernel takes the
-// registers of its most demanding path, so a set of lighter calls gets more warps per SM.
-//   kAll:      every call (every host executor; the segment and block kernels);
+// The calls an executor computes (Ex::kCalls; without one, every call). The CUDA small-group and
+// segment kernels have one instantiation per set, compiled with that set's code alone: a kernel
+// takes the registers of its most demanding path, so a set of lighter calls gets more warps per SM.
+//   kAll:      every call (every host executor; the block kernels);
 //   kOnPolicy: the calls without deltas;
 //   kWide:     grpo, and maxk, passk and maxk_loo1 from the call's bank: no per-group tables, no
 //              array but the rewards (at W = 32 the only calls that fit);
 //   kCentred:  grpo, rloo, dr_grpo and maxrl: from the group's centre alone, no sort, no tables,
 //              no array but the rewards.
-// kWide and kCentred hold their arrays in float (LaneExec::Elem): they are sent float32 rewards
+// kWide and kCentred hold their arrays in float (LaneExec::Elem, SegmentExec::Elem): they are sent float32 rewards
 // only, and every sum and product stays in double. A call added to either set must store nothing
 // in an array but the rewards. compute_group NaN-fills a call outside the executor's set without
 // compiling its code there; the launcher sends none (test_group_math checks each set against kAll).
