@@ -226,8 +226,9 @@ BK_HD bool has_bank(const Params& p) {
 //              no array but the rewards.
 // kWide and kCentred hold their arrays in float (LaneExec::Elem, SegmentExec::Elem): they are
 // sent float32 rewards only, and every sum and product stays in double. A call added to either
-// set must store nothing in an array but the rewards. compute_group NaN-fills a call outside the executor's set without
-// compiling its code there; the launcher sends none (test_group_math checks each set against kAll).
+// set must store nothing in an array but the rewards. compute_group NaN-fills a call outside the
+// executor's set without compiling its code there; the launcher sends none (test_group_math checks
+// each set against kAll).
 enum class LaneCalls { kAll, kOnPolicy, kWide, kCentred };
 
 template <class Ex, class = void>
