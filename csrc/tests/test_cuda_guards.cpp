@@ -422,6 +422,26 @@ void test_tile() {
   }
 }
 
+// Offsets of G groups for the segment kernel's tests: mostly sizes it computes, (16, cap]; about
+// one group in `odd` is small (16 or fewer: the small-group kernel's) or one sample too large.
+std::vector<int64_t> segment_offsets(std::mt19937_64& rng, int G, int cap, int odd) {
+  const int kLo = 16;
+  std::vector<int64_t> off(static_cast<size_t>(G + 1));
+  for (int g = 1; g <= G; ++g) {
+    const int kind = int(rng() % uint64_t(odd));
+    const int64_t n = kind == 0 ? int64_t(rng() % (kLo + 1)) : kind == 1 ? cap + 1 : kLo + 1 + int64_t(rng() % uint64_t(cap - kLo));
+    off[size_t(g)] = off[size_t(g - 1)] + n;
+  }
+  return off;
+}
+
+// Whether the block of groups [g0, last) takes the whole-block tile: every group passes segment_tile_fits.
+bool segment_block_fits(const std::vector<int64_t>& off, int64_t g0, int64_t last, int64_t total, int cap) {
+  bool fits = true;
+  for (int64_t g = g0; g < last; ++g) fits = fits && bk::cuda::segment_tile_fits(off[g], off[g + 1], total, 16, cap);
+  return fits;
+}
+
 // The segment kernel's tile (advantages.cu, segment_kernel<P>): a block of 128 threads, 128 / P
 // groups, takes it when every live group passes segment_tile_fits; then its groups must tile
 // [0, len) exactly, len <= 128 * 16, and each position must belong to a group that the segment
@@ -434,19 +454,12 @@ void test_segment_tile() {
     const int cap = P * kItems, groups = kBlock / P;
     for (int trial = 0; trial < 2000; ++trial) {
       const int G = 1 + int(rng() % 200);
-      std::vector<int64_t> off(static_cast<size_t>(G + 1));
-      for (int g = 1; g <= G; ++g) {
-        const int kind = int(rng() % 50);  // mostly sizes of this kernel, sometimes small or large
-        const int64_t n = kind == 0 ? int64_t(rng() % (kLo + 1)) : kind == 1 ? cap + 1 : kLo + 1 + int64_t(rng() % uint64_t(cap - kLo));
-        off[size_t(g)] = off[size_t(g - 1)] + n;
-      }
+      std::vector<int64_t> off = segment_offsets(rng, G, cap, 50);
       if (trial % 5 == 1) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 200) - 20;  // malformed
       const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + int64_t(trial % 3 == 2 ? 5 : 0);
       for (int64_t g0 = 0; g0 < G; g0 += groups) {
         const int64_t last = std::min<int64_t>(G, g0 + groups);
-        bool fits = true;
-        for (int64_t g = g0; g < last; ++g) fits = fits && bk::cuda::segment_tile_fits(off[g], off[g + 1], total, kLo, cap);
-        if (!fits) continue;
+        if (!segment_block_fits(off, g0, last, total, cap)) continue;
         ++taken;
         const int64_t lo = off[size_t(g0)], len = off[size_t(last)] - lo;
         expect(lo >= 0 && len > 0 && len <= int64_t(kBlock) * kItems && lo + len <= total, "segment tile span inside", P, len);
@@ -477,20 +490,13 @@ void test_segment_copy() {
     const int cap = P * kItems, groups = kBlock / P;
     for (int trial = 0; trial < 600; ++trial) {
       const int G = 1 + int(rng() % 100);
-      std::vector<int64_t> off(static_cast<size_t>(G + 1));
-      for (int g = 1; g <= G; ++g) {
-        const int kind = int(rng() % (trial % 2 ? 4 : 60));  // half the trials mix in small groups
-        const int64_t n = kind == 0 ? int64_t(rng() % (kLo + 1)) : kind == 1 ? cap + 1 : kLo + 1 + int64_t(rng() % uint64_t(cap - kLo));
-        off[size_t(g)] = off[size_t(g - 1)] + n;
-      }
+      std::vector<int64_t> off = segment_offsets(rng, G, cap, trial % 2 ? 4 : 60);  // half the trials: many odd sizes
       if (trial % 7 == 3) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 300) - 20;  // malformed
       const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + 3;
       const bool in_tile = trial % 9 != 0;  // float64: no copies
       for (int64_t g0 = 0; g0 < G; g0 += groups) {
         const int64_t last = std::min<int64_t>(G, g0 + groups);
-        bool whole_block = true;
-        for (int64_t g = g0; g < last; ++g)
-          whole_block = whole_block && bk::cuda::segment_tile_fits(off[g], off[g + 1], total, kLo, cap);
+        const bool whole_block = segment_block_fits(off, g0, last, total, cap);
         const int64_t block_lo = whole_block ? off[size_t(g0)] : 0, block_hi = whole_block ? off[size_t(last)] : 0;
         std::vector<int64_t> source(kTile, -1);  // the tensor position each tile slot holds
         std::vector<int> written(static_cast<size_t>(total), 0);
