@@ -69,8 +69,9 @@ __device__ __forceinline__ void bk_static_specialise(int& dtype, Params& p) {
 #else
 #define BK_STATIC_SPECIALISE(dtype, p) ((void)0)
 #endif
-// Analysis only as well: -DBK_STATIC_FULL_GROUPS keeps only the small-group kernel's path for
-// groups that fill its W slots (the [G, n] batches the estimate models).
+// Analysis only as well: -DBK_STATIC_FULL_GROUPS keeps only the path for groups that fill their
+// slots, in the small-group kernel and the segment kernel's float sets (the [G, n] batches the
+// estimate models).
 #if defined(BK_STATIC_FULL_GROUPS)
 constexpr bool kStaticFullGroups = true;
 #else
@@ -264,8 +265,9 @@ struct SegmentSamples {
 };
 
 // Final values to the group's samples by source index (compute_group has clipped them). C: the
-// calls of the kernel's instantiation (LaneCalls).
-template <LaneCalls C>
+// calls of the kernel's instantiation (LaneCalls); kFull: the group fills the segment, so every
+// slot holds a sample and every index is below n.
+template <LaneCalls C, bool kFull>
 struct SegmentSink {
   static constexpr LaneCalls kCalls = C;
   int idx[kSegmentItems];  // source index (within the group) of each slot, from the sort
@@ -273,7 +275,7 @@ struct SegmentSink {
   int first;
   SegmentSamples io;
   __device__ __forceinline__ void operator()(int s, double v) {
-    if (max(first + s, idx[s]) < n) io.store(idx[s], v);  // idx: a source index < n
+    if (kFull || max(first + s, idx[s]) < n) io.store(idx[s], v);  // idx: a source index < n
   }
 };
 
@@ -288,8 +290,8 @@ __device__ __forceinline__ bool segment_load_sorted(bool sort, Ex& ex, typename 
   BK_UNROLL
   for (int s = 0; s < I; ++s) {
     const int i = ex.first + s;
-    const double v = i < ex.n ? ex.sink.io.value(i) : BK_INF;
-    bad = bad || (i < ex.n && !finite_value(v));
+    const double v = ex.valid(s) ? ex.sink.io.value(i) : BK_INF;
+    bad = bad || (ex.valid(s) && !finite_value(v));
     key[s] = K(v);
     ex.sink.idx[s] = i;
   }
@@ -307,15 +309,15 @@ __device__ __forceinline__ void segment_nan_fill(const SegmentSamples& io, int n
     if (lane * kSegmentItems + s < n) io.store(lane * kSegmentItems + s, BK_NAN);
 }
 
-// One group of n <= P * 16 samples on a segment of P lanes; C: the calls of the kernel's
-// instantiation.
-template <int P, LaneCalls C>
+// One group of n <= P * 16 samples on a segment of P lanes (kFull: n == P * 16, the size a
+// compile-time constant); C: the calls of the kernel's instantiation.
+template <int P, LaneCalls C, bool kFull>
 __device__ __forceinline__ void segment_group(const SegmentSamples& io, const Params& p, int n, int lane,
                                               unsigned mask) {
   constexpr int I = kSegmentItems;
-  using Ex = SegmentExec<P, I, WarpTeam<P>, SegmentSink<C>>;
+  using Ex = SegmentExec<P, I, WarpTeam<P>, SegmentSink<C, kFull>, kFull>;
   Ex ex;
-  ex.n = n;
+  ex.set_size(n);
   ex.first = lane * I;
   ex.team.lane = lane;
   ex.team.mask = mask;
@@ -341,6 +343,14 @@ __device__ __forceinline__ void segment_group(const SegmentSamples& io, const Pa
   compute_group(ex, p, x, delta);
 }
 
+// Whether an instantiation's copies come in two sizes, as the small-group kernel's: a group that
+// fills the segment (the usual [G, n] batch with n = 32, 64, ..., 512) then runs with the size a
+// compile-time constant and no slot masked. kCentred: about half the instructions per sample
+// (sm_90, grpo at n = 64: 132 -> 70) for 92-96 registers instead of 74-80 (5 blocks, not 6).
+// kWide has one size: its full copy needs about 158 registers (3 blocks, not 4) for a quarter
+// fewer instructions, which buys nothing in a latency-bound kernel with a quarter fewer warps.
+constexpr bool segment_full_copy(LaneCalls C) { return C == LaneCalls::kCentred; }
+
 // segment_group as call_per_code's body (a functor: nvcc did not inline a lambda there, and the
 // call cost registers and spills).
 template <int P, LaneCalls C>
@@ -349,18 +359,22 @@ struct SegmentGroupBody {
   int n;
   int lane;
   unsigned mask;
-  __device__ __forceinline__ void operator()(const Params& q) const { segment_group<P, C>(io, q, n, lane, mask); }
+  __device__ __forceinline__ void operator()(const Params& q) const {
+    if (segment_full_copy(C) && (kStaticFullGroups || n == P * kSegmentItems))
+      segment_group<P, C, true>(io, q, n, lane, mask);
+    else
+      segment_group<P, C, false>(io, q, n, lane, mask);
+  }
 };
 
 // Blocks of the segment kernel an SM must hold at once (the compiler fits the registers to it).
 // kAll takes the compiler's choice (2 blocks). The float sets, one copy per estimator, need far
-// fewer registers: kWide fits 4 blocks (124-126 registers), kCentred 6 (72-80). kCentred at 7
-// blocks fits sm_90's 72 registers by a hair (one variant spilled 12 bytes after a change that
-// moved no arithmetic) and spills on sm_80.
+// fewer registers: kWide fits 4 blocks (124-126 registers), kCentred 5 (92-96 with its copy for
+// full groups, which spills at 6 blocks on sm_80 and sm_90).
 template <LaneCalls C>
 constexpr int segment_kernel_min_blocks() {
   switch (C) {
-    case LaneCalls::kCentred: return 6;
+    case LaneCalls::kCentred: return 5;
     case LaneCalls::kWide: return 4;
     default: return 1;
   }
@@ -373,7 +387,7 @@ constexpr int kSegmentBlock = 128;
 // cross lanes by shuffles. C: the calls of the instantiation, as for the small-group kernel: kAll
 // for every call, and the float sets kCentred and kWide with their arrays in float and one copy
 // of the group's code per estimator (sm_90: kAll about 238 registers, 8 warps per SM; kWide
-// about 126, 16 warps; kCentred 74-80, 24 warps).
+// about 126, 16 warps; kCentred 92-96, 20 warps).
 // float32, float16 and bfloat16 go through a shared-memory tile, as in the small-group kernel: a
 // block whose groups all run here (sizes in (n_lo, cap], well formed: the usual [G, n] batch)
 // copies its span in and out with coalesced accesses; in any other block each segment copies its
@@ -428,7 +442,7 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
       const bool done = call_per_code<C>(p, SegmentGroupBody<P, C>{io, n, lane, mask});
       if (!done) segment_nan_fill(io, n, lane);  // (the launcher sends no other call)
     } else {
-      segment_group<P, C>(io, p, n, lane, mask);
+      segment_group<P, C, false>(io, p, n, lane, mask);
     }
   }
   if (whole_block) __syncthreads();

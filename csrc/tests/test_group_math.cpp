@@ -584,14 +584,14 @@ struct HostSetSink : HostSegmentSink {
 };
 
 // One lane of the segment for run_segment.
-template <int P, class K, bk::LaneCalls C>
+template <int P, class K, bk::LaneCalls C, bool kFull>
 void segment_lane(int lane, Rendezvous& rv, const bk::Params& p, const std::vector<double>& g,
                   const std::vector<double>& delta, std::vector<double>& out, std::vector<int>& writes) {
   constexpr int I = bk::kSegmentItems;
-  using Ex = bk::SegmentExec<P, I, HostTeam, HostSetSink<C>>;
+  using Ex = bk::SegmentExec<P, I, HostTeam, HostSetSink<C>, kFull>;
   const int n = int(g.size());
   Ex ex;
-  ex.n = n;
+  ex.set_size(n);
   ex.first = lane * I;
   ex.team = HostTeam{lane, &rv};
   ex.sink.out = &out;
@@ -599,7 +599,7 @@ void segment_lane(int lane, Rendezvous& rv, const bk::Params& p, const std::vect
   K key[I];
   for (int s = 0; s < I; ++s) {
     const int i = ex.first + s;
-    key[s] = i < n ? K(g[i]) : K(INFINITY);
+    key[s] = ex.valid(s) ? K(g[i]) : K(INFINITY);
     ex.sink.idx[s] = i;
   }
   bk::segment_sort<P, I>(ex.team, key, ex.sink.idx);
@@ -614,18 +614,22 @@ void segment_lane(int lane, Rendezvous& rv, const bk::Params& p, const std::vect
 // One group on a segment of P host lanes, as the CUDA segment kernel runs it: each lane loads
 // its slots (keys of type K, +inf past n), the segment sorts, each lane reads its deltas by
 // source index and runs compute_group. Values back in the original order; every sample must be
-// written exactly once.
-template <int P, class K, bk::LaneCalls C = bk::LaneCalls::kAll>
+// written exactly once. kFull: the executor of a group that fills the segment (n == P * 16).
+template <int P, class K, bk::LaneCalls C = bk::LaneCalls::kAll, bool kFull = false>
 std::vector<double> run_segment(int code, const std::vector<double>& g, const std::vector<double>& delta, int k,
                                 const bk::Params* base) {
   const int n = int(g.size());
+  if (kFull && n != P * bk::kSegmentItems) {
+    std::printf("FAIL run_segment: a full segment of %d lanes takes %d samples, not %d\n", P, P * bk::kSegmentItems, n);
+    std::abort();
+  }
   const bk::Params p = call_params(code, k, 1e-6, base);
   std::vector<double> out(n, -12345.0);
   std::vector<int> writes(n, 0);
   Rendezvous rv(P);
   std::vector<std::thread> lanes;
   for (int lane = 0; lane < P; ++lane)
-    lanes.emplace_back([&, lane] { segment_lane<P, K, C>(lane, rv, p, g, delta, out, writes); });
+    lanes.emplace_back([&, lane] { segment_lane<P, K, C, kFull>(lane, rv, p, g, delta, out, writes); });
   for (auto& t : lanes) t.join();
   for (int i = 0; i < n; ++i) expect_close(writes[i], 1, 0.0, "segment writes each sample once", n, code, i);
   return out;
@@ -699,6 +703,10 @@ void check_segment_sizes(std::mt19937_64& rng, const std::vector<int>& sizes) {
       const auto want = run<bk::SerialExec>(code, g, delta, k);
       const auto got = run_segment<P, K>(code, g, delta, k, nullptr);
       for (int i = 0; i < n; ++i) expect_close(got[i], want[i], tol, "segment = serial", n, code, i);
+      if (n == P * bk::kSegmentItems) {  // the executor with no slot masked: the same values, bit for bit
+        const auto full = run_segment<P, K, bk::LaneCalls::kAll, true>(code, g, delta, k, nullptr);
+        for (int i = 0; i < n; ++i) expect_close(full[i], got[i], 0.0, "full segment = segment", n, code, i);
+      }
       if (code == bk::MAXK_OFFPOLICY && n > 1) {  // a non-finite delta NaN-fills the group (any())
         auto bad = delta;
         bad[n / 2] = INFINITY;
@@ -738,6 +746,11 @@ void check_segment_set(const char* name, std::mt19937_64& rng, const std::vector
         const auto set = run_segment<P, float, C>(code, g, delta, k, base);
         expect_set_result("segment of a set (= segment, or NaN)", set, all, bk::lane_takes(C, code, base != nullptr),
                           code, counts);
+        if (n == P * bk::kSegmentItems) {  // the kernel's copy for groups that fill the segment
+          const auto full = run_segment<P, float, C, true>(code, g, delta, k, base);
+          expect_set_result("full segment of a set (= segment, or NaN)", full, all,
+                            bk::lane_takes(C, code, base != nullptr), code, counts);
+        }
       }
     }
   expect_set_counts(name, counts);

@@ -28,24 +28,25 @@ constexpr int kLaneWidthMax = 32;
 // first + 1 .. first + ITEMS of a group of n (slot s valid when first + s < n). Every executor
 // whose thread walks consecutive ranks runs them: LaneExec (first = 0, the run starting at the
 // identity), SegmentExec and the CUDA block executor (the run starting at the carry from the other
-// threads). fold_slots: op-fold of term over the valid slots, in slot order.
-template <int ITEMS, class T, class Op, class Term>
+// threads). kFull: every slot is valid (a group that fills the executor), so the masks fold away.
+// fold_slots: op-fold of term over the valid slots, in slot order.
+template <int ITEMS, bool kFull = false, class T, class Op, class Term>
 BK_HD T fold_slots(int first, int n, T id, Op op, Term term) {
   T r = id;
   BK_UNROLL
   for (int s = 0; s < ITEMS; ++s)
-    if (first + s < n) r = op(r, term(s, first + s + 1));
+    if (kFull || first + s < n) r = op(r, term(s, first + s + 1));
   return r;
 }
 
 // walk_slots: consume(s, j, run) at each valid slot in rank order (reverse: from the top rank
 // down), run starting at `run` and folding term(s, j) after each consume.
-template <int ITEMS, class T, class Op, class Term, class Consume>
+template <int ITEMS, bool kFull = false, class T, class Op, class Term, class Consume>
 BK_HD void walk_slots(int first, int n, bool reverse, T run, Op op, Term term, Consume consume) {
   if (!reverse) {
     BK_UNROLL
     for (int s = 0; s < ITEMS; ++s)
-      if (first + s < n) {
+      if (kFull || first + s < n) {
         const T t = term(s, first + s + 1);
         consume(s, first + s + 1, run);
         run = op(run, t);
@@ -53,7 +54,7 @@ BK_HD void walk_slots(int first, int n, bool reverse, T run, Op op, Term term, C
   } else {
     BK_UNROLL
     for (int s = ITEMS - 1; s >= 0; --s)
-      if (first + s < n) {
+      if (kFull || first + s < n) {
         const T t = term(s, first + s + 1);
         consume(s, first + s + 1, run);
         run = op(run, t);

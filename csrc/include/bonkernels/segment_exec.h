@@ -107,9 +107,10 @@ BK_HD void segment_sort(Team& team, K* key, int* idx) {
 
 // The Sink receives emit(s, value) for the lane's valid slots and holds idx, the source index of
 // each slot (written by the sort); its kCalls, if any, is the set of calls the executor computes
-// (group_math.h's LaneCalls; without one, every call).
-template <int P, int ITEMS, class Team, class Sink>
-struct SegmentExec {
+// (group_math.h's LaneCalls; without one, every call). kFull: the group fills the P * ITEMS slots
+// (n a compile-time constant, as LaneExec's kFull), so no slot is masked.
+template <int P, int ITEMS, class Team, class Sink, bool kFull = false>
+struct SegmentExec : LaneSize<P * ITEMS, kFull> {
   static constexpr LaneCalls kCalls = lane_calls<Sink>::value;  // the calls it computes (group_math.h)
   // As LaneExec: kWide and kCentred hold their arrays in float (float32 rewards only).
   using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
@@ -117,13 +118,13 @@ struct SegmentExec {
     Elem v[ITEMS];
     BK_HD Elem& operator[](int s) { return v[s]; }
   };
-  int n;      // group size, 1 <= n <= P * ITEMS
-  int first;  // 0-based rank of this lane's slot 0
+  using LaneSize<P * ITEMS, kFull>::n;  // group size, 1 <= n <= P * ITEMS (set_size)
+  int first;                            // 0-based rank of this lane's slot 0
   Team team;
   Sink sink;
 
   BK_HD void alloc(Vec&) {}
-  BK_HD bool valid(int s) const { return first + s < n; }  // slot s holds a sample
+  BK_HD bool valid(int s) const { return kFull || first + s < n; }  // slot s holds a sample
 
   template <class F>
   BK_HD void for_each(F f) {
@@ -137,13 +138,13 @@ struct SegmentExec {
   // per-slot partial values stay live in registers.
   template <class T, class Op, class Term, class Consume>
   BK_HD void scan(bool reverse, T id, Op op, Term term, Consume consume) {
-    const T total = fold_slots<ITEMS>(first, n, id, op, term);
-    walk_slots<ITEMS>(first, n, reverse, lanes_exclusive(reverse, total, id, op), op, term, consume);
+    const T total = fold_slots<ITEMS, kFull>(first, n, id, op, term);
+    walk_slots<ITEMS, kFull>(first, n, reverse, lanes_exclusive(reverse, total, id, op), op, term, consume);
   }
 
   template <class T, class Op, class Term>
   BK_HD T reduce(T id, Op op, Term term) {
-    T r = fold_slots<ITEMS>(first, n, id, op, term);
+    T r = fold_slots<ITEMS, kFull>(first, n, id, op, term);
     BK_UNROLL
     for (int d = P / 2; d >= 1; d >>= 1) r = op(r, team.take(r, team.lane ^ d));
     return r;
