@@ -178,7 +178,10 @@ __device__ __forceinline__ T segment_shift(unsigned mask, int lane, bool reverse
 }
 
 // NaN into out[lo, hi) (a span from classify_group: inside the output), `step` threads from `first`.
+// A cold path (malformed or oversized groups only): a plain loop, not unrolled, so its code stays
+// small.
 __device__ __forceinline__ void nan_fill(int dtype, void* out, int64_t lo, int64_t hi, int first, int step) {
+#pragma unroll 1
   for (int64_t i = lo + first; i < hi; i += step) store_value(dtype, out, i, BK_NAN);
 }
 
@@ -770,6 +773,7 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
     loaded = load_sorted_narrow<W>(sort, ex, x);  // float arrays: float32 rewards only
   }
   if (!loaded) {
+#pragma unroll 1  // a cold path (a NaN or inf reward), as nan_fill
     for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
     return;
   }
