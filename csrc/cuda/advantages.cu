@@ -350,9 +350,9 @@ __device__ __forceinline__ void segment_group(const SegmentSamples& io, const Pa
 // fills the segment (the usual [G, n] batch with n = 32, 64, ..., 512) then runs with the size a
 // compile-time constant and no slot masked. kCentred: about half the instructions per sample
 // (sm_90, grpo at n = 64: 132 -> 70) for 92-96 registers instead of 74-80 (5 blocks, not 6).
-// kWide has one size: its full copy needs about 158 registers (3 blocks, not 4) for a quarter
-// fewer instructions, a quarter fewer warps for a quarter shorter paths (only a GPU can say
-// whether that pays in this latency-bound kernel).
+// kWide has one size: its full copy needs about 158 registers, 3 blocks instead of 4, so a
+// quarter fewer warps for paths a quarter shorter; only a GPU can say whether that pays in this
+// latency-bound kernel.
 constexpr bool segment_full_copy(LaneCalls C) { return C == LaneCalls::kCentred; }
 
 // segment_group as call_per_code's body (a functor: nvcc did not inline a lambda there, and the
