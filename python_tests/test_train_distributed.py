@@ -1,21 +1,24 @@
 """Two processes on CPU (gloo) with torchrun: groups stay whole on a rank, gradients are averaged,
-every rank ends with the same weights (the driver checks and raises otherwise), resume works."""
+every rank ends with the same weights (the driver checks and raises otherwise), resume works, and
+the processes shut down without an abort."""
 
 import json
 import os
 import subprocess
 import sys
 
+import torch
+
 from bonkernels.train import checkpoint as ckpt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _torchrun(args):
+def _torchrun(args, target=("-m", "bonkernels.train")):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "bonkernels.train", *args]
+           *target, *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -41,3 +44,31 @@ def test_two_process_data_parallel_run(tmp_path):
     r = _torchrun(["--resume", "--out", out, "--steps", "3", "--progress", "off"])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert ckpt.load(os.path.join(out, "checkpoint.pt"))["step"] == 3
+
+
+def test_collectives_and_clean_shutdown():
+    r = _torchrun([], target=(os.path.join(REPO, "python_tests", "dist_worker.py"),))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "rank 0: collectives ok" in r.stdout and "rank 1: collectives ok" in r.stdout
+    assert "terminate called" not in r.stderr
+
+
+def test_handoffs_wait_for_the_last_holder():
+    from bonkernels.train.distributed import _Handoffs
+
+    handoffs = _Handoffs()
+    t, u = torch.zeros(3), torch.ones(2)
+    handoffs.track(t, u)
+    # a view refers to its base from C++, as a collective's work does: dropping the Python
+    # name must not count as a release while that reference lives
+    held_by_cpp = t.view(3)
+    del t
+    assert handoffs.pending() == 2
+    assert not handoffs.wait_released(timeout=0.05)
+    del held_by_cpp
+    assert handoffs.pending() == 1
+    cycle = [u]
+    cycle.append(cycle)  # freed only by the garbage collector, which wait_released runs
+    del u, cycle
+    assert handoffs.wait_released(timeout=5.0)
+    assert handoffs.pending() == 0

@@ -3,14 +3,60 @@
 Each rank samples and scores whole groups (the advantages of a group need all of its samples),
 computes its loss, and gradients are averaged across ranks before the optimiser step, so every
 rank keeps identical weights.
+
+Shutting down cleanly takes care. A gloo worker thread releases a collective's tensors only after
+the caller has seen the collective finish, and releasing a tensor that Python once wrapped needs
+the GIL. If the main thread has begun to finalise the interpreter by then, the worker thread cannot
+take the GIL and the process aborts ("terminate called without an active exception"), after a
+run that otherwise succeeded. So every tensor handed to a collective here is one this module made
+and tracks, and ``close`` waits until the backend has let go of all of them before the last
+barrier.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
+import pickle
+import threading
+import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
+
+
+class _Handoffs:
+    """Tensors handed to collectives that the backend may still hold, watched through finalizers."""
+
+    def __init__(self):
+        self._held: set[int] = set()
+        self._keys = itertools.count()
+        self._changed = threading.Condition()
+
+    def track(self, *tensors: torch.Tensor):
+        for t in tensors:
+            key = next(self._keys)
+            with self._changed:
+                self._held.add(key)
+            # runs when the tensor's Python object is freed: on the thread that released it last
+            weakref.finalize(t, self._release, key)
+
+    def _release(self, key: int):
+        with self._changed:
+            self._held.discard(key)
+            self._changed.notify_all()
+
+    def pending(self) -> int:
+        with self._changed:
+            return len(self._held)
+
+    def wait_released(self, timeout: float) -> bool:
+        """Block (without the GIL) until the backend has released every tracked tensor."""
+        gc.collect()  # a tensor caught in a reference cycle is freed only by the collector
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._held, timeout)
 
 
 class Dist:
@@ -24,6 +70,7 @@ class Dist:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.enabled = self.world > 1
+        self._handoffs = _Handoffs()
         if self.enabled and not dist.is_initialized():
             dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
 
@@ -39,30 +86,48 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
+    def _handed(self, t: torch.Tensor) -> torch.Tensor:
+        """t (a new tensor on this rank's device), tracked until the backend releases it."""
+        self._handoffs.track(t)
+        return t
+
     def all_gather_objects(self, obj) -> list:
+        """Every rank's obj (picklable), in rank order."""
         if not self.enabled:
             return [obj]
-        out = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
-
-    def broadcast_object(self, obj):
-        if not self.enabled:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        payload = pickle.dumps(obj)
+        longs = dict(dtype=torch.int64, device=self.device)
+        size = self._handed(torch.tensor([len(payload)], **longs))
+        sizes = [self._handed(torch.zeros(1, **longs)) for _ in range(self.world)]
+        dist.all_gather(sizes, size)
+        lengths = [int(s) for s in sizes]
+        padded = self._handed(torch.zeros(max(lengths), dtype=torch.uint8, device=self.device))
+        padded[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        gathered = [self._handed(torch.empty(max(lengths), dtype=torch.uint8, device=self.device))
+                    for _ in range(self.world)]
+        dist.all_gather(gathered, padded)
+        return [pickle.loads(g[:n].cpu().numpy().tobytes()) for g, n in zip(gathered, lengths)]
 
     def broadcast_module(self, module):
-        if self.enabled:
-            for t in module.state_dict().values():
-                dist.broadcast(t, src=0)
+        """Copy rank 0's parameters and buffers into every rank's module."""
+        if not self.enabled:
+            return
+        values = list(module.state_dict().values())
+        for dtype in sorted({t.dtype for t in values}, key=str):  # one collective per dtype
+            same = [t for t in values if t.dtype == dtype]
+            flat = self._handed(torch.cat([t.detach().reshape(-1) for t in same]))
+            dist.broadcast(flat, src=0)
+            offset = 0
+            with torch.no_grad():
+                for t in same:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
 
     def average_gradients(self, params):
         if not self.enabled:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = self._handed(torch.cat([g.reshape(-1) for g in grads]))
         dist.all_reduce(flat)
         flat /= self.world
         offset = 0
@@ -74,10 +139,21 @@ class Dist:
     def mean(self, value: float) -> float:
         if not self.enabled:
             return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        t = self._handed(torch.tensor([value], dtype=torch.float64, device=self.device))
         dist.all_reduce(t)
         return float(t) / self.world
 
-    def close(self):
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
+    def pending_handoffs(self) -> int:
+        """How many tensors handed to collectives the backend (or a caller) still holds."""
+        return self._handoffs.pending()
+
+    def close(self, timeout: float = 60.0):
+        """Wait for the backend to release every tensor, then a last barrier, then tear down."""
+        if not (self.enabled and dist.is_initialized()):
+            return
+        if not self._handoffs.wait_released(timeout):
+            warnings.warn(f"rank {self.rank}: {self._handoffs.pending()} tensor(s) handed to "
+                          f"collectives were still held after {timeout:.0f} s; the process may "
+                          f"abort while the interpreter shuts down", RuntimeWarning, stacklevel=2)
+        dist.barrier()  # nothing in flight holds a Python tensor now, so neither does this one
+        dist.destroy_process_group()
