@@ -57,40 +57,45 @@ BK_HD void sort_exchange(K& key_i, int& idx_i, K& key_j, int& idx_j) {
 template <int P, int ITEMS, class Team, class K>
 BK_HD void segment_sort(Team& team, K* key, int* idx) {
   static_assert((P & (P - 1)) == 0 && P <= 32 && (ITEMS & (ITEMS - 1)) == 0, "powers of two");
+  static_assert(std::is_floating_point<K>::value, "dir * key (below) is exact for floating point");
   auto exchange = [&](int i, int j) { sort_exchange(key[i], idx[i], key[j], idx[j]); };
   odd_even_passes<ITEMS, 1, 1>(exchange);
   const int lane = team.lane;
   BK_UNROLL
   for (int span = 2; span <= P; span <<= 1) {  // lanes per merged run
     // Mirror: rank r of the lower half against rank S-1-r of the upper half, the lower lane keeps
-    // the smaller. That is slot c of lane l against slot ITEMS-1-c of lane l ^ (span - 1); the lower
-    // lane sends and updates slot c, the upper one slot ITEMS-1-c, each once, so no slot is
-    // read after it changed.
-    const bool lower = (lane & (span >> 1)) == 0;
+    // the smaller. That is slot c of lane l against slot ITEMS-1-c of lane l ^ (span - 1). Both
+    // lanes take slots c and ITEMS-1-c together, send both before either changes, and update both.
+    // Every compare-exchange here and below takes the other entry when dir * other < dir * own,
+    // dir = +1 on the lane that keeps the smaller and -1 on the other (exact for floating-point
+    // keys, strict both ways, so equal keys stay put): the same code on every lane. With the side
+    // chosen by a select instead, nvcc branched on it in each slot and checked convergence
+    // before every shuffle after the branch (sm_90, kWide: a sixth to a quarter of the path).
+    const K dir = (lane & (span >> 1)) == 0 ? K(1) : K(-1);
     const int mirror = lane ^ (span - 1);
     BK_UNROLL
-    for (int c = 0; c < ITEMS; ++c) {
+    for (int c = 0; c < ITEMS / 2; ++c) {
       const int u = ITEMS - 1 - c;
-      const K send_key = lower ? key[c] : key[u];
-      const int send_idx = lower ? idx[c] : idx[u];
-      const K other = team.take(send_key, mirror);
-      const int other_idx = team.take(send_idx, mirror);
-      const bool take_low = lower && other < key[c];
-      const bool take_high = !lower && key[u] < other;
-      key[c] = take_low ? other : key[c];
-      idx[c] = take_low ? other_idx : idx[c];
-      key[u] = take_high ? other : key[u];
-      idx[u] = take_high ? other_idx : idx[u];
+      const K from_u = team.take(key[u], mirror);  // for slot c
+      const int from_u_idx = team.take(idx[u], mirror);
+      const K from_c = team.take(key[c], mirror);  // for slot u
+      const int from_c_idx = team.take(idx[c], mirror);
+      const bool take_c = dir * from_u < dir * key[c];
+      const bool take_u = dir * from_c < dir * key[u];
+      key[c] = take_c ? from_u : key[c];
+      idx[c] = take_c ? from_u_idx : idx[c];
+      key[u] = take_u ? from_c : key[u];
+      idx[u] = take_u ? from_c_idx : idx[u];
     }
     // Half-cleaners across lanes (strides of span/4 .. 1 lanes): the same slot of both lanes.
     BK_UNROLL
     for (int d = span >> 2; d >= 1; d >>= 1) {
-      const bool keeps_low = (lane & d) == 0;
+      const K dir = (lane & d) == 0 ? K(1) : K(-1);
       BK_UNROLL
       for (int c = 0; c < ITEMS; ++c) {
         const K other = team.take(key[c], lane ^ d);
         const int other_idx = team.take(idx[c], lane ^ d);
-        const bool take = keeps_low ? other < key[c] : key[c] < other;
+        const bool take = dir * other < dir * key[c];
         key[c] = take ? other : key[c];
         idx[c] = take ? other_idx : idx[c];
       }
