@@ -72,3 +72,30 @@ def test_handoffs_wait_for_the_last_holder():
     del u, cycle
     assert handoffs.wait_released(timeout=5.0)
     assert handoffs.pending() == 0
+
+
+def test_handoffs_wait_for_a_release_on_another_thread():
+    """As a gloo worker thread does: the holder lets go later, on its own thread, while close()
+    waits (without the GIL, or the holder could never run)."""
+    import threading
+    import time
+
+    from bonkernels.train.distributed import _Handoffs
+
+    handoffs = _Handoffs()
+    t = torch.zeros(4)
+    handoffs.track(t)
+    box = [t]
+    del t
+
+    def release_later():
+        time.sleep(0.3)
+        box.clear()  # the last reference goes here, so the finalizer runs on this thread
+
+    worker = threading.Thread(target=release_later)
+    start = time.monotonic()
+    worker.start()
+    assert handoffs.wait_released(timeout=10.0)
+    assert time.monotonic() - start >= 0.25 and handoffs.pending() == 0
+    worker.join()
+
