@@ -130,6 +130,12 @@ __device__ __forceinline__ double clamp_delta(int dtype, double dl, const Params
 __device__ __forceinline__ double load_delta(int dtype, const void* deltas, int64_t i, const Params& p) {
   return clamp_delta(dtype, load_value(dtype, deltas, i), p);
 }
+// clamp_delta of a delta from a tile (float32, float16, bfloat16), in single precision
+// (guards.h's clamp_float_delta); the bounds are the same for every sample, so nvcc computes them once.
+__device__ __forceinline__ double clamp_tile_delta(int dtype, float d, const Params& p) {
+  return clamp_float_delta(d, p.has_clamp != 0, float(round_to_dtype(dtype, -p.clamp_delta)),
+                           float(round_to_dtype(dtype, p.clamp_delta)));
+}
 
 // ----------------------------------------------------------------------------- shuffles of scan values
 
@@ -257,7 +263,7 @@ struct SegmentSamples {
     return in_tile ? double(tile[tile_slot(at + i)]) : load_value(dtype, values, lo + i);
   }
   __device__ __forceinline__ double delta(int i, const Params& p) const {
-    return in_tile ? clamp_delta(dtype, double(delta_tile[tile_slot(at + i)]), p) : load_delta(dtype, deltas, lo + i, p);
+    return in_tile ? clamp_tile_delta(dtype, delta_tile[tile_slot(at + i)], p) : load_delta(dtype, deltas, lo + i, p);
   }
   // One rounding per output, as store_value: the tile's float goes to float16 or bfloat16 on the
   // way out, as store_value's conversion goes through float.
@@ -691,7 +697,7 @@ struct TileGroup {
   __device__ __forceinline__ double value(int i) const { return double(tile[tile_slot(base + i)]); }
   __device__ __forceinline__ double f64(int) const { return 0.0; }  // never called: no float64 tile
   __device__ __forceinline__ double delta(int i, const Params& p) const {
-    return clamp_delta(dtype, double(deltas[tile_slot(base + i)]), p);
+    return clamp_tile_delta(dtype, deltas[tile_slot(base + i)], p);
   }
   __device__ __forceinline__ void store(int i, double v) const { tile[tile_slot(base + i)] = float(v); }
   __device__ __forceinline__ void store_float(int i, float f) const { tile[tile_slot(base + i)] = f; }

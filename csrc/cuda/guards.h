@@ -3,7 +3,8 @@
 //   * classify_group: what a kernel may do with a group, from its two offsets alone (bounds and
 //     the launch's size bound), before it reads any value;
 //   * finite_value: the NaN/inf contract (a group with a non-finite input gives NaN everywhere);
-//   * clip_rounded: the small-group kernel's clip in single precision.
+//   * clip_rounded: the small-group kernel's clip in single precision;
+//   * clamp_float_delta: the delta clamp of the kernels' shared-memory tiles, in single precision.
 // Torch-free and CUDA-free (plain C++ on the host).
 #pragma once
 
@@ -120,6 +121,18 @@ BK_HD float min_keep_nan(float a, float b) {
 #endif
 }
 BK_HD float clip_rounded(float f, float lo, float hi) { return min_keep_nan(max_keep_nan(f, lo), hi); }
+
+// The clamp of an off-policy delta held as a float (float32, float16 and bfloat16 deltas are exact
+// as floats), against bounds already rounded to the delta's dtype: lo = round(-c), hi = round(c).
+// It equals the reference's clamp in double followed by the rounding, round(clamp(d, -c, c)), for
+// every d of the dtype: rounding to nearest is monotone, and no value of the dtype lies strictly
+// between a bound and its rounding. The kernels paid a double clamp, a rounding through the dtype
+// and a branch per sample for that. A NaN or inf delta gives NaN (it poisons its group), clamped
+// or not.
+BK_HD double clamp_float_delta(float d, bool clamp, float lo, float hi) {
+  const float c = clamp ? (d < lo ? lo : (d > hi ? hi : d)) : d;
+  return d - d == 0.0f ? double(c) : BK_NAN;
+}
 
 }  // namespace cuda
 }  // namespace bk

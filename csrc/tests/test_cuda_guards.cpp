@@ -377,6 +377,58 @@ void test_clip_after_rounding() {
   }
 }
 
+// bfloat16 rounding on the host, to nearest even through float, as the device's
+// __float2bfloat16_rn(float(v)) (the round_to_dtype of advantages.cu).
+float round_bf16(double v) {
+  float f = float(v);
+  if (!(std::fabs(f) < kInf)) return f;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// The tiles' delta clamp (clamp_float_delta, in float against bounds rounded to the dtype) gives
+// what clamp_delta gives: NaN for a non-finite delta, else the clamp in double, then the rounding
+// to the dtype. float32 and bfloat16 (the coarsest dtype a tile holds), with bounds next to the
+// deltas, zero, infinite and off.
+void test_delta_clamp() {
+  std::mt19937_64 rng(5);
+  const double specials[] = {0.0, -0.0, 1.0, -1.0, 0.2, -0.2, 1e-40, 3.4e38, -3.4e38, 1e39, kInf, -kInf, std::nan("")};
+  for (int bf16 = 0; bf16 < 2; ++bf16) {
+    auto round = [&](double v) { return bf16 ? round_bf16(v) : float(v); };
+    for (int trial = 0; trial < 200000; ++trial) {
+      const uint64_t r = rng() % 4;
+      const double raw = r == 0 ? specials[rng() % (sizeof(specials) / sizeof(specials[0]))]
+                                : std::normal_distribution<double>(0.0, 2.0)(rng);
+      const float d = round(raw);  // a delta of the dtype
+      double c = std::fabs(std::normal_distribution<double>(0.0, 1.5)(rng));
+      if (trial % 7 == 0) c = std::fabs(double(d)) * (1.0 + (double(rng() % 5) - 2.0) * 1e-9);  // at the delta
+      if (trial % 11 == 0) c = trial % 2 ? 0.0 : kInf;
+      if (std::isnan(c)) c = 1.0;
+      const bool clamp = trial % 5 != 0;
+      double dl = double(d);
+      float want;
+      if (!(std::fabs(dl) < kInf)) {
+        want = NAN;
+      } else if (clamp) {
+        dl = dl < -c ? -c : (dl > c ? c : dl);
+        want = round(dl);
+      } else {
+        want = d;
+      }
+      const double got_d = bk::cuda::clamp_float_delta(d, clamp, round(-c), round(c));
+      const float got = float(got_d);
+      expect(double(got) == got_d || std::isnan(got_d), "the clamped delta is a float", trial);
+      expect(std::isnan(want) ? std::isnan(got) : std::memcmp(&want, &got, sizeof(got)) == 0,
+             bf16 ? "bfloat16 delta clamp in float == rounded double clamp" : "float32 delta clamp in float == rounded double clamp",
+             trial);
+    }
+  }
+}
+
 // The small-group kernel's tile (advantages.cu, thread_kernel): a block of 128 threads takes it
 // when every live group passes tile_fits; then its groups must tile [0, len) exactly (each
 // position read, computed and written back by one thread, and by the kernel that computes it),
@@ -550,6 +602,7 @@ int main() {
   test_lane_sorts();
   test_bucket_group();
   test_clip_after_rounding();
+  test_delta_clamp();
   test_tile();
   test_segment_tile();
   test_segment_copy();
