@@ -124,11 +124,11 @@ BK_HD float clip_rounded(float f, float lo, float hi) { return min_keep_nan(max_
 
 // The clamp of an off-policy delta held as a float (float32, float16 and bfloat16 deltas are exact
 // as floats), against bounds already rounded to the delta's dtype: lo = round(-c), hi = round(c).
-// It equals the reference's clamp in double followed by the rounding, round(clamp(d, -c, c)), for
+// It equals clamp_delta's clamp in double followed by the rounding, round(clamp(d, -c, c)), for
 // every d of the dtype: rounding to nearest is monotone, and no value of the dtype lies strictly
-// between a bound and its rounding. The kernels paid a double clamp, a rounding through the dtype
-// and a branch per sample for that. A NaN or inf delta gives NaN (it poisons its group), clamped
-// or not.
+// between a bound and its rounding. That costs a double clamp, a rounding through the dtype and a
+// branch per sample; this, a few selects. A NaN or inf delta gives NaN (it poisons its group),
+// clamped or not.
 BK_HD double clamp_float_delta(float d, bool clamp, float lo, float hi) {
   const float c = clamp ? (d < lo ? lo : (d > hi ? hi : d)) : d;
   return d - d == 0.0f ? double(c) : BK_NAN;
