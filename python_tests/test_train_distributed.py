@@ -6,10 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import torch
 
 from bonkernels.train import checkpoint as ckpt
+from bonkernels.train.distributed import _Handoffs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,11 +57,8 @@ def test_collectives_and_clean_shutdown():
 
 
 def test_handoffs_wait_for_the_last_holder():
-    from bonkernels.train.distributed import _Handoffs
-
     handoffs = _Handoffs()
-    t, u = torch.zeros(3), torch.ones(2)
-    handoffs.track(t, u)
+    t, u = handoffs.track(torch.zeros(3)), handoffs.track(torch.ones(2))
     # a view refers to its base from C++, as a collective's work does: dropping the Python
     # name must not count as a release while that reference lives
     held_by_cpp = t.view(3)
@@ -77,14 +77,8 @@ def test_handoffs_wait_for_the_last_holder():
 def test_handoffs_wait_for_a_release_on_another_thread():
     """As a gloo worker thread does: the holder lets go later, on its own thread, while close()
     waits (without the GIL, or the holder could never run)."""
-    import threading
-    import time
-
-    from bonkernels.train.distributed import _Handoffs
-
     handoffs = _Handoffs()
-    t = torch.zeros(4)
-    handoffs.track(t)
+    t = handoffs.track(torch.zeros(4))
     box = [t]
     del t
 

@@ -35,13 +35,14 @@ class _Handoffs:
         self._keys = itertools.count()
         self._changed = threading.Condition()
 
-    def track(self, *tensors: torch.Tensor):
-        for t in tensors:
-            key = next(self._keys)
-            with self._changed:
-                self._held.add(key)
-            # runs when the tensor's Python object is freed: on the thread that released it last
-            weakref.finalize(t, self._release, key)
+    def track(self, t: torch.Tensor) -> torch.Tensor:
+        """t (a new tensor about to be handed to a collective), watched until it is freed."""
+        key = next(self._keys)
+        with self._changed:
+            self._held.add(key)
+        # runs when the tensor's Python object is freed: on the thread that released it last
+        weakref.finalize(t, self._release, key)
+        return t
 
     def _release(self, key: int):
         with self._changed:
@@ -86,25 +87,22 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
-    def _handed(self, t: torch.Tensor) -> torch.Tensor:
-        """t (a new tensor on this rank's device), tracked until the backend releases it."""
-        self._handoffs.track(t)
-        return t
-
     def all_gather_objects(self, obj) -> list:
         """Every rank's obj (picklable), in rank order."""
         if not self.enabled:
             return [obj]
         payload = pickle.dumps(obj)
         longs = dict(dtype=torch.int64, device=self.device)
-        size = self._handed(torch.tensor([len(payload)], **longs))
-        sizes = [self._handed(torch.zeros(1, **longs)) for _ in range(self.world)]
+        track = self._handoffs.track
+        size = track(torch.tensor([len(payload)], **longs))
+        sizes = [track(torch.zeros(1, **longs)) for _ in range(self.world)]
         dist.all_gather(sizes, size)
         lengths = [int(s) for s in sizes]
-        padded = self._handed(torch.zeros(max(lengths), dtype=torch.uint8, device=self.device))
+        longest = max(lengths)
+        bytes_ = dict(dtype=torch.uint8, device=self.device)
+        padded = track(torch.zeros(longest, **bytes_))
         padded[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        gathered = [self._handed(torch.empty(max(lengths), dtype=torch.uint8, device=self.device))
-                    for _ in range(self.world)]
+        gathered = [track(torch.empty(longest, **bytes_)) for _ in range(self.world)]
         dist.all_gather(gathered, padded)
         return [pickle.loads(g[:n].cpu().numpy().tobytes()) for g, n in zip(gathered, lengths)]
 
@@ -115,7 +113,7 @@ class Dist:
         values = list(module.state_dict().values())
         for dtype in sorted({t.dtype for t in values}, key=str):  # one collective per dtype
             same = [t for t in values if t.dtype == dtype]
-            flat = self._handed(torch.cat([t.detach().reshape(-1) for t in same]))
+            flat = self._handoffs.track(torch.cat([t.detach().reshape(-1) for t in same]))
             dist.broadcast(flat, src=0)
             offset = 0
             with torch.no_grad():
@@ -127,7 +125,7 @@ class Dist:
         if not self.enabled:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = self._handed(torch.cat([g.reshape(-1) for g in grads]))
+        flat = self._handoffs.track(torch.cat([g.reshape(-1) for g in grads]))
         dist.all_reduce(flat)
         flat /= self.world
         offset = 0
@@ -139,7 +137,7 @@ class Dist:
     def mean(self, value: float) -> float:
         if not self.enabled:
             return value
-        t = self._handed(torch.tensor([value], dtype=torch.float64, device=self.device))
+        t = self._handoffs.track(torch.tensor([value], dtype=torch.float64, device=self.device))
         dist.all_reduce(t)
         return float(t) / self.world
 
@@ -148,7 +146,8 @@ class Dist:
         return self._handoffs.pending()
 
     def close(self, timeout: float = 60.0):
-        """Wait for the backend to release every tensor, then a last barrier, then tear down."""
+        """Wait for the backend to release every tensor, then the last barrier (every rank
+        waits here for the others, rank 0's report included), then tear down."""
         if not (self.enabled and dist.is_initialized()):
             return
         if not self._handoffs.wait_released(timeout):

@@ -434,8 +434,7 @@ def run(cfg) -> dict:
         summary = report.finish(cfg.out, metrics.read(), vars(cfg), plots=cfg.plots)
         print(report.summary_table(summary), flush=True)
     task.close()
-    dist.barrier()
-    dist.close()
+    dist.close()  # its last barrier waits for every rank
     return summary
 
 
