@@ -137,6 +137,20 @@ __device__ __forceinline__ double clamp_tile_delta(int dtype, float d, const Par
                            float(round_to_dtype(dtype, p.clamp_delta)));
 }
 
+// One thread's part of a tile copy (guards.h TileCopy) in kRounds unrolled rounds of step kStep:
+// move(i, slot) for each position i = first + r * kStep below len, slot its tile slot
+// (copy_round_slot). Each round's load, store and slot are constant offsets from the first, and
+// the rounds' loads can all be in flight at once. kRounds must cover the thread's positions
+// (host-tested: W or 16 items a thread).
+template <int kRounds, int kStep, class Move>
+__device__ __forceinline__ void copy_rounds(const TileCopy& c, Move move) {
+  const int slot0 = tile_slot(c.at + c.first);
+  const int left = c.len - c.first;  // one compare with a constant per round
+  BK_UNROLL
+  for (int r = 0; r < kRounds; ++r)
+    if (r * kStep < left) move(c.first + r * kStep, copy_round_slot(slot0, r, kStep));
+}
+
 // ----------------------------------------------------------------------------- shuffles of scan values
 
 __device__ __forceinline__ double shfl_up(unsigned mask, double v, int d, int w) { return __shfl_up_sync(mask, v, d, w); }
@@ -435,14 +449,19 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
   // The copied span: the block's (coalesced, every thread) or the segment's own group (its lanes).
   const int64_t block_lo = whole_block ? offsets[g0] : 0;
   const int64_t block_hi = whole_block ? offsets[num_groups - g0 < kGroups ? num_groups : g0 + kGroups] : 0;
-  const SegmentCopy copy =
+  const TileCopy copy =
       segment_copy(in_tile, whole_block, block_lo, block_hi, span, compute, threadIdx.x, P, kSegmentItems, kSegmentBlock);
-  for (int i = copy.first; i < copy.len; i += copy.step) {
-    tile[tile_slot(copy.at + i)] = float(load_value(dtype, values, copy.lo + i));
-    if (stage_deltas) delta_tile[tile_slot(copy.at + i)] = float(load_value(dtype, deltas, copy.lo + i));
+  const auto copy_in = [&](int i, int slot) {
+    tile[slot] = float(load_value(dtype, values, copy.lo + i));
+    if (stage_deltas) delta_tile[slot] = float(load_value(dtype, deltas, copy.lo + i));
+  };
+  if (whole_block) {
+    copy_rounds<kSegmentItems, kSegmentBlock>(copy, copy_in);
+    __syncthreads();
+  } else {
+    copy_rounds<kSegmentItems, P>(copy, copy_in);
+    __syncwarp(mask);
   }
-  if (whole_block) __syncthreads();
-  else __syncwarp(mask);
   if (compute) {
     const SegmentSamples io{dtype, in_tile, values, deltas, out, span.lo, tile, delta_tile,
                             int(copy.at + span.lo - copy.lo)};
@@ -455,10 +474,14 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
       segment_group<P, C, false>(io, p, n, lane, mask);
     }
   }
-  if (whole_block) __syncthreads();
-  else __syncwarp(mask);
-  for (int i = copy.first; i < copy.len; i += copy.step)
-    store_rounded(dtype, out, copy.lo + i, tile[tile_slot(copy.at + i)]);
+  const auto copy_out = [&](int i, int slot) { store_rounded(dtype, out, copy.lo + i, tile[slot]); };
+  if (whole_block) {
+    __syncthreads();
+    copy_rounds<kSegmentItems, kSegmentBlock>(copy, copy_out);
+  } else {
+    __syncwarp(mask);
+    copy_rounds<kSegmentItems, P>(copy, copy_out);
+  }
 }
 
 // ----------------------------------------------------------------------------- block executor
@@ -876,22 +899,30 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
   const bool stage_deltas = kDeltaTile && off_policy;
   const bool whole_block = __syncthreads_and(!live || tile_fits(begin, end, total, W));  // uniform
   if (dtype != BK_FLOAT64) {
-    const int64_t lo = whole_block ? offsets[g0] : span.lo;  // the copied span's first element
-    const int len = int(whole_block ? offsets[num_groups - g0 < kThreadBlock ? num_groups : g0 + kThreadBlock] - lo
-                                    : (span.action == GROUP_COMPUTE ? span.hi - span.lo : 0));
-    const int first = whole_block ? threadIdx.x : 0, step = whole_block ? kThreadBlock : 1;
-    const int at = whole_block ? 0 : threadIdx.x * W;  // the copy's first tile position
-    if (!whole_block && span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
-    for (int i = first; i < len; i += step) {
-      tile[tile_slot(at + i)] = float(load_value(dtype, values, lo + i));
-      if (stage_deltas) delta_tile[tile_slot(at + i)] = float(load_value(dtype, deltas, lo + i));
+    const int64_t block_lo = whole_block ? offsets[g0] : 0;
+    const int64_t block_hi = whole_block ? offsets[num_groups - g0 < kThreadBlock ? num_groups : g0 + kThreadBlock] : 0;
+    const TileCopy copy = thread_copy(whole_block, block_lo, block_hi, span, threadIdx.x, W, kThreadBlock);
+    const auto copy_in = [&](int i, int slot) {
+      tile[slot] = float(load_value(dtype, values, copy.lo + i));
+      if (stage_deltas) delta_tile[slot] = float(load_value(dtype, deltas, copy.lo + i));
+    };
+    if (whole_block) {
+      copy_rounds<W, kThreadBlock>(copy, copy_in);
+      __syncthreads();
+    } else {
+      if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+      copy_rounds<W, 1>(copy, copy_in);
     }
-    if (whole_block) __syncthreads();
     if (span.action == GROUP_COMPUTE)
-      thread_group_call<W, C>(TileGroup{tile, delta_tile, int(at + span.lo - lo), dtype}, off_policy, p,
+      thread_group_call<W, C>(TileGroup{tile, delta_tile, int(copy.at + span.lo - copy.lo), dtype}, off_policy, p,
                               int(span.hi - span.lo));
-    if (whole_block) __syncthreads();
-    for (int i = first; i < len; i += step) store_rounded(dtype, out, lo + i, tile[tile_slot(at + i)]);
+    const auto copy_out = [&](int i, int slot) { store_rounded(dtype, out, copy.lo + i, tile[slot]); };
+    if (whole_block) {
+      __syncthreads();
+      copy_rounds<W, kThreadBlock>(copy, copy_out);
+    } else {
+      copy_rounds<W, 1>(copy, copy_out);
+    }
     return;
   }
   if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);

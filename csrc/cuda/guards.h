@@ -78,21 +78,38 @@ BK_HD bool segment_tile_fits(int64_t begin, int64_t end, int64_t total, int64_t 
   return tile_fits(begin, end, total, cap) && end - begin > n_lo;
 }
 
-// What one thread of the segment kernel copies between the tensors and its tile (advantages.cu):
-// positions first, first + step, ... below len, tensor position lo + i at tile position at + i. A
-// block whose groups all fit (whole_block) copies its span [block_lo, block_hi) with every thread;
-// in any other block each segment of P lanes copies its own group, when it computes one, into its
-// own P * items slots. Nothing without the tile (float64).
-struct SegmentCopy {
+// What one thread copies between the tensors and its block's tile (advantages.cu): positions
+// first, first + step, ... below len, tensor position lo + i at tile position at + i.
+struct TileCopy {
   int64_t lo;
   int len, first, step, at;
 };
-BK_HD SegmentCopy segment_copy(bool in_tile, bool whole_block, int64_t block_lo, int64_t block_hi,
-                               const GroupSpan& span, bool compute, int thread, int P, int items, int block_threads) {
+
+// The segment kernel's copy: a block whose groups all fit (whole_block) copies its span
+// [block_lo, block_hi) with every thread; in any other block each segment of P lanes copies its
+// own group, when it computes one, into its own P * items slots. Nothing without the tile (float64).
+BK_HD TileCopy segment_copy(bool in_tile, bool whole_block, int64_t block_lo, int64_t block_hi,
+                            const GroupSpan& span, bool compute, int thread, int P, int items, int block_threads) {
   const int lane = thread % P;
   if (whole_block) return {block_lo, in_tile ? int(block_hi - block_lo) : 0, thread, block_threads, 0};
   return {span.lo, in_tile && compute ? int(span.hi - span.lo) : 0, lane, P, (thread - lane) * items};
 }
+
+// The small-group kernel's copy (float32, float16, bfloat16): the whole block's span as above, or
+// in any other block the thread's own computed group into its own W slots.
+BK_HD TileCopy thread_copy(bool whole_block, int64_t block_lo, int64_t block_hi, const GroupSpan& span, int thread,
+                           int W, int block_threads) {
+  if (whole_block) return {block_lo, int(block_hi - block_lo), thread, block_threads, 0};
+  return {span.lo, span.action == GROUP_COMPUTE ? int(span.hi - span.lo) : 0, 0, 1, thread * W};
+}
+
+// The device runs a copy in a fixed number of unrolled rounds (a thread's items: W or 16) with a
+// compile-time step: round r moves position first + r * step when it is below len, at tile slot
+// copy_round_slot(tile_slot(at + first), r, step). That equals tile_slot(at + first + r * step)
+// when (at + first) % 32 + (r * step) % 32 < 32 (no carry into the spare-word count), which
+// holds for every copy above; the second term is then a constant of the round, so each round's
+// load and store take constant offsets. Both facts are host-tested on every thread's copy.
+BK_HD constexpr int copy_round_slot(int slot0, int r, int step) { return slot0 + tile_slot(r * step); }
 
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }

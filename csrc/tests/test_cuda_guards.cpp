@@ -429,6 +429,25 @@ void test_delta_clamp() {
   }
 }
 
+// The positions of one thread's copy as the device visits them (copy_rounds, advantages.cu: a
+// fixed number of rounds, round r at position first + r * step if below len, at tile slot
+// copy_round_slot). Checks that the rounds reach every position the plain loop over [first, len)
+// reaches, in the same order, and that each round's slot is tile_slot(at + position).
+std::vector<int> copy_round_positions(const bk::cuda::TileCopy& c, int rounds, long long tag) {
+  std::vector<int> visited, reference;
+  const int slot0 = bk::cuda::tile_slot(c.at + c.first);
+  for (int r = 0; r < rounds; ++r) {
+    if (r * c.step >= c.len - c.first) continue;
+    const int i = c.first + r * c.step;
+    expect(bk::cuda::copy_round_slot(slot0, r, c.step) == bk::cuda::tile_slot(c.at + i), "a round's slot is its position's",
+           tag, i);
+    visited.push_back(i);
+  }
+  for (int i = c.first; i < c.len; i += c.step) reference.push_back(i);
+  expect(visited == reference, "the copy's rounds cover its positions", tag, c.len);
+  return visited;
+}
+
 // The small-group kernel's tile (advantages.cu, thread_kernel): a block of 128 threads takes it
 // when every live group passes tile_fits; then its groups must tile [0, len) exactly (each
 // position read, computed and written back by one thread, and by the kernel that computes it),
@@ -472,6 +491,67 @@ void test_tile() {
       }
     }
   }
+}
+
+// The small-group kernel's copies (thread_copy) replayed for every thread of every block, as in
+// test_segment_copy: each tile slot has at most one writer and lies inside the tile, each computed
+// group finds its samples at its tile position (base = at + span.lo - lo), and the copy out writes
+// every computed sample once and nothing else.
+void test_thread_copy() {
+  const int kBlock = 128;
+  std::mt19937_64 rng(14);
+  int whole = 0, own = 0;
+  for (int W : {8, 16, 32}) {
+    const int kTile = kBlock * W, bound = 4 * W;
+    for (int trial = 0; trial < 600; ++trial) {
+      const int G = 1 + int(rng() % 300);
+      std::vector<int64_t> off(static_cast<size_t>(G + 1));
+      const int top = trial % 3 == 0 ? 2 * W : W + 1;  // a third of the trials: many groups above W
+      for (int g = 1; g <= G; ++g) off[size_t(g)] = off[size_t(g - 1)] + int64_t(rng() % uint64_t(top));
+      if (trial % 7 == 3) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 300) - 20;  // malformed
+      const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + 3;
+      for (int64_t g0 = 0; g0 < G; g0 += kBlock) {
+        const int64_t last = std::min<int64_t>(G, g0 + kBlock);
+        bool whole_block = true;
+        for (int64_t g = g0; g < last; ++g) whole_block = whole_block && bk::cuda::tile_fits(off[g], off[g + 1], total, W);
+        const int64_t block_lo = whole_block ? off[size_t(g0)] : 0, block_hi = whole_block ? off[size_t(last)] : 0;
+        std::vector<int64_t> source(static_cast<size_t>(kTile), -1);
+        std::vector<int> written(static_cast<size_t>(total), 0), computed(static_cast<size_t>(total), 0);
+        for (int t = 0; t < kBlock; ++t) {
+          const int64_t g = g0 + t;
+          const GroupSpan span = g < G ? bk::cuda::bucket_group(off[g], off[g + 1], total, 0, W, bound)
+                                       : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
+          const auto c = bk::cuda::thread_copy(whole_block, block_lo, block_hi, span, t, W, kBlock);
+          for (int i : copy_round_positions(c, W, W)) {
+            const bool inside = c.at + i >= 0 && c.at + i < kTile && c.lo + i >= 0 && c.lo + i < total;
+            expect(inside, "thread copy inside the tile and the tensors", W, c.at + i);
+            if (!inside) return;
+            expect(source[size_t(c.at + i)] == -1, "one writer per tile slot", W, c.at + i);
+            source[size_t(c.at + i)] = c.lo + i;
+          }
+        }
+        for (int t = 0; t < kBlock; ++t) {
+          const int64_t g = g0 + t;
+          const GroupSpan span = g < G ? bk::cuda::bucket_group(off[g], off[g + 1], total, 0, W, bound)
+                                       : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
+          const auto c = bk::cuda::thread_copy(whole_block, block_lo, block_hi, span, t, W, kBlock);
+          if (span.action == bk::cuda::GROUP_COMPUTE) {
+            const int64_t base = c.at + (span.lo - c.lo);
+            for (int64_t j = 0; j < span.hi - span.lo; ++j) {
+              expect(base + j >= 0 && base + j < kTile && source[size_t(base + j)] == span.lo + j, "a thread finds its samples",
+                     W, j);
+              ++computed[size_t(span.lo + j)];
+            }
+          }
+          for (int i : copy_round_positions(c, W, W)) ++written[size_t(c.lo + i)];
+        }
+        ++(whole_block ? whole : own);
+        for (int64_t i = 0; i < total; ++i)
+          expect(written[size_t(i)] == computed[size_t(i)], "the copy out writes each computed sample once", W, i);
+      }
+    }
+  }
+  expect(whole > 300 && own > 300, "both thread copies are exercised", whole, own);
 }
 
 // Offsets of G groups for the segment kernel's tests: mostly sizes it computes, (16, cap]; about
@@ -553,7 +633,7 @@ void test_segment_copy() {
         std::vector<int64_t> source(kTile, -1);  // the tensor position each tile slot holds
         std::vector<int> written(static_cast<size_t>(total), 0);
         std::vector<int> computed(static_cast<size_t>(total), 0);  // (malformed offsets can overlap two groups)
-        std::vector<bk::cuda::SegmentCopy> copies(kBlock);
+        std::vector<bk::cuda::TileCopy> copies(kBlock);
         for (int pass = 0; pass < 2; ++pass)  // copy in for every thread, then check and copy out
           for (int t = 0; t < kBlock; ++t) {
             const int64_t g = g0 + t / P;
@@ -564,7 +644,7 @@ void test_segment_copy() {
             if (pass == 0) {
               const auto c = bk::cuda::segment_copy(in_tile, whole_block, block_lo, block_hi, span, compute, t, P, kItems, kBlock);
               copies[size_t(t)] = c;
-              for (int i = c.first; i < c.len; i += c.step) {
+              for (int i : copy_round_positions(c, kItems, P)) {
                 const bool inside = c.at + i >= 0 && c.at + i < kTile && c.lo + i >= 0 && c.lo + i < total;
                 expect(inside, "segment copy inside the tile and the tensors", P, c.at + i);
                 if (!inside) return;
@@ -582,7 +662,7 @@ void test_segment_copy() {
                 ++computed[size_t(span.lo + j)];
               }
             }
-            for (int i = c.first; i < c.len; i += c.step) ++written[size_t(c.lo + i)];
+            for (int i : copy_round_positions(c, kItems, P)) ++written[size_t(c.lo + i)];
           }
         (whole_block ? whole : own) += in_tile;
         for (int64_t i = 0; i < total; ++i)
@@ -605,6 +685,7 @@ int main() {
   test_delta_clamp();
   test_tile();
   test_segment_tile();
+  test_thread_copy();
   test_segment_copy();
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
