@@ -64,6 +64,11 @@ BK_HD GroupSpan bucket_group(int64_t begin, int64_t end, int64_t total, int64_t 
 // warp reading sample j of groups of 8, 16 or 32 samples each hit a different bank.
 BK_HD constexpr int tile_slot(int p) { return p + (p >> 5); }
 
+// Whether the n samples from tile position base lie in one line of 32 (no spare word among them):
+// then sample i sits at tile_slot(base) + i. True for every group of W = 8, 16 or 32 samples at a
+// multiple of W, as in a [G, n] batch.
+BK_HD constexpr bool tile_in_one_line(int base, int n) { return (base & 31) + n <= 32; }
+
 // A block takes the tile when every group of it is well formed and of at most W samples (the
 // block's span is then at most blockDim * W samples); otherwise, for malformed offsets or a large
 // group of the launch's second kernel, the block works on the tensors directly.

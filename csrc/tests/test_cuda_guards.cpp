@@ -466,6 +466,14 @@ void test_tile() {
     for (int p = 1; p < kBlock * W; ++p)
       expect(bk::cuda::tile_slot(p) > bk::cuda::tile_slot(p - 1) && bk::cuda::tile_slot(p) < tile_words,
              "tile slots increase inside the tile", W, p);
+    for (int base = 0; base < kBlock * W; ++base) {  // tile_in_one_line: the one-line groups' constant offsets
+      expect(base % W != 0 || bk::cuda::tile_in_one_line(base, W), "a group of W at a multiple of W is in one line", W, base);
+      for (int n = 1; n <= W && base + n <= kBlock * W; ++n) {
+        bool linear = true;
+        for (int i = 0; i < n; ++i) linear = linear && bk::cuda::tile_slot(base + i) == bk::cuda::tile_slot(base) + i;
+        expect(bk::cuda::tile_in_one_line(base, n) == linear, "one line exactly when the slots run on", W, base);
+      }
+    }
     for (int trial = 0; trial < 2000; ++trial) {
       const int G = 1 + int(rng() % 300);
       std::vector<int64_t> off(static_cast<size_t>(G + 1));

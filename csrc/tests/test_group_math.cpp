@@ -912,6 +912,24 @@ void check_division_ftz() {
   expect_close(bk::div_with_estimate(1e300, 1.5e308, rcp_ftz_emulated), 1e300 / 1.5e308, 2.3e-16, "a / huge", 0, 0, 0);
 }
 
+// div_by_count (the sum scale of the mean-natural estimators): for a power-of-two count the
+// multiplication by the exact reciprocal must give IEEE a / n bit for bit, subnormal, huge and
+// special values included; other counts divide.
+void check_div_by_count() {
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> expo(-1074, 1023);
+  const double specials[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 4.9e-324, -4.9e-324, 1.7976931348623157e308, 0x1p-1022};
+  int mismatches = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const int n = i % 3 == 0 ? 1 << (i / 3 % 13) : 1 + int(rng() % 4096);
+    const double a = i % 50 == 0 ? specials[(i / 50) % 9] : std::ldexp(mant(rng), expo(rng)) * (i % 2 ? -1 : 1);
+    const double got = bk::div_by_count(a, n), want = a / n;
+    if (std::memcmp(&got, &want, sizeof(got)) != 0 && !(std::isnan(got) && std::isnan(want))) ++mismatches;
+  }
+  expect_close(mismatches, 0, 0.0, "div_by_count == a / n bit for bit", 0, 0, 0);
+}
+
 // Each set of calls the CUDA small-group kernel is instantiated for, at its widths, on every size
 // up to W and every estimator, with and without a bank. kWide and kCentred hold their arrays in
 // float, so half the trials draw arbitrary float32 rewards (what they are sent), not quarter steps.
@@ -1045,6 +1063,7 @@ void check_packs() {
 
 int main() {
   check_division_ftz();
+  check_div_by_count();
   check_sorts();
   check_refinements();
   std::mt19937_64 rng(12345);

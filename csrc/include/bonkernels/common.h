@@ -267,12 +267,27 @@ struct GroupDivisor {
 
 BK_HD GroupDivisor group_divisor(double denominator) { return GroupDivisor(denominator); }
 
+// a / n for a count n >= 1. A power of two (the usual group sizes; a constant in the kernels'
+// full-group copies) divides as a multiplication by its exact reciprocal, which is the same
+// correctly rounded quotient; any other n divides (bk_div_moderate).
+BK_HD double div_by_count(double a, int n) {
+  if ((n & (n - 1)) == 0) {
+#if defined(__CUDA_ARCH__)
+    const int log2n = __ffs(n) - 1;
+#else
+    const int log2n = __builtin_ctz(static_cast<unsigned>(n));
+#endif
+    return a * bits_to_double(uint64_t(1023 - log2n) << 52);
+  }
+  return bk_div_moderate(a, double(n));
+}
+
 // Natural value -> requested scale -> too-small zeroing (finish_value then clips).
 BK_HD double scale_value(const Params& p, int n, double natural, bool zero) {
   double a = natural;
   const bool mean_natural = natural_scale_is_mean(p.code);
   if (p.mean_scale && !mean_natural) a = a * n;
-  else if (!p.mean_scale && mean_natural) a = bk_div_moderate(a, double(n < 1 ? 1 : n));
+  else if (!p.mean_scale && mean_natural) a = div_by_count(a, n < 1 ? 1 : n);
   if (zero) a = 0.0;
   return a;
 }

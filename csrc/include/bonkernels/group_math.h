@@ -97,11 +97,14 @@ struct Centre {
 template <class Ex, class V>
 BK_HD Centre<real_t<Ex>> group_centre(Ex& ex, V& v) {
   using R = real_t<Ex>;
+  // Values held as floats (the float-array executors) differ by less than 2^129, so no sum of
+  // their residues in double overflows (it would take 2^894 samples): no rescaling arm to compile.
+  constexpr bool kFloatValues = std::is_same<std::remove_cv_t<std::remove_reference_t<decltype(v[0])>>, float>::value;
   const R pivot = first_value(ex, v);
   R shrink = R(1.0);
   R offset = ex.reduce(R(0.0), SumOp(), [&](int s, int) { return v[s] - pivot; });
   const auto overflowed = !(bk_abs(offset) < BK_INF) && bk_abs(pivot) < BK_INF;
-  if (any_lane(overflowed)) {  // (a group with shrink 1 sums its residues again, to the same bits)
+  if (!kFloatValues && any_lane(overflowed)) {  // (a group with shrink 1 sums its residues again, to the same bits)
     shrink = select(overflowed, R(0x1p-64), shrink);
     offset = ex.reduce(R(0.0), SumOp(), [&](int s, int) { return v[s] * shrink - pivot * shrink; });
   }
@@ -382,9 +385,15 @@ BK_HD void zscore_emit(Ex& ex, typename Ex::Vec& v, double eps, double rtol, Emi
   // std is at least ~1/n there, so one moderate division per sample suffices. An eps term above
   // 2^1000 (values below ~2^-998 either way) is capped to keep the estimate in range.
   const R eps_r = eps * c.shrink * r.shrink;
-  const auto by_denom = group_divisor(sd_r + select(eps_r < 0x1p1000, eps_r, R(0x1p1000)));
+  // With rtol = 0 a constant group is one whose residues are all exactly 0 (any non-zero residue,
+  // rescaled, squares to at least 1): divided by 1 they give its zeros with no select per sample.
+  // With rtol > 0 a near-constant group's non-zero residues are zeroed explicitly.
+  const auto by_denom = group_divisor(select(constant, R(1.0), sd_r + select(eps_r < 0x1p1000, eps_r, R(0x1p1000))));
   ex.for_each([&](int s, int) {
-    emit(s, choose(constant, [] { return R(0.0); }, [&] { return by_denom(c.residue(v[s]) * r.shrink); }));
+    if (rtol > 0.0)
+      emit(s, choose(constant, [] { return R(0.0); }, [&] { return by_denom(c.residue(v[s]) * r.shrink); }));
+    else
+      emit(s, by_denom(c.residue(v[s]) * r.shrink));
   });
 }
 
