@@ -38,7 +38,9 @@ How SASS is counted (per thread: one warp-instruction is issued for each instruc
     (the loop holding the BAR.SYNCs: cub::BlockRadixSort over 64-bit keys, 4 bits a pass) is
     weighted by its 16 passes, or 9 in the float32 builds once the sort skips the 29 low bits a
     widened float32 leaves constant (radix_passes); every other loop (the NaN fill of malformed groups: error path;
-    ipow: bon_rlb only) counts once, as do straight-line instructions.
+    ipow: bon_rlb only) counts once, as do straight-line instructions. The shared-memory tile
+    copies are unrolled rounds (straight-line, every round counted); revisions before them ran the
+    copies as loops, which this count undercounts (about 5-22 instructions per sample).
   * ``path``: the longest entry-to-exit path through main's control-flow graph (back edges
     removed, loop bodies weighted as above; branches into the cold stubs not followed). This is
     what the estimate uses: an upper bound on the instructions one thread (one warp) issues when

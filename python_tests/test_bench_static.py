@@ -169,9 +169,11 @@ def test_quick_run_parses_a_real_cubin(tmp_path):
     assert 0 < k["regs"] <= 255 and k["spill_stores"] == 0
     assert 0 < k["occupancy"] <= 1
     # one thread per group: no shuffles; each sample's result goes into the shared-memory tile (a
-    # store per sample), and the block copies the tile out with global stores
+    # store per sample), and the block copies the tile out with global stores: unrolled rounds, so
+    # both copies out (the whole block's and a thread's own group's) hold all 8 of their stores and
+    # the count, which takes every loop body once, sees each round
     assert k["static"]["total"] > 100 and k["static"]["shfl"] == 0
-    assert k["static"]["lds_sts"] >= 8 and k["static"]["stg"] >= 1
+    assert k["static"]["lds_sts"] >= 8 and k["static"]["stg"] >= 2 * 8
     assert k["weighted"]["total"] >= k["static"]["total"]
     (row,) = data["estimate"]
     assert row["n"] == 8 and row["issue_s"] > 0 and row["memory_s"] > 0
