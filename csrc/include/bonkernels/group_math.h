@@ -34,6 +34,7 @@
 #pragma once
 
 #include <type_traits>
+#include <utility>
 
 #include "bonkernels/common.h"
 
@@ -74,10 +75,19 @@ using real_t = typename real_of<Ex>::type;
 
 // The value at rank 1 (slot of the smallest x, or of the first sample for the order-free
 // estimators): a sum with one non-zero term, so it is exact and a NaN or inf passes through.
+template <class Ex, class V, class = void>
+struct has_rank1_value : std::false_type {};
+template <class Ex, class V>
+struct has_rank1_value<Ex, V, std::void_t<decltype(std::declval<Ex&>().rank1_value(std::declval<V&>()))>>
+    : std::true_type {};
+
 template <class Ex, class V>
 BK_HD real_t<Ex> first_value(Ex& ex, V& v) {
   using R = real_t<Ex>;
-  return ex.reduce(R(0.0), SumOp(), [&](int s, int j) { return j == 1 ? R(v[s]) : R(0.0); });
+  // An executor that can fetch rank 1 directly (SegmentExec: one shuffle from lane 0) does; the
+  // reduce's form would index the lane's array at run time (local memory on the GPU).
+  if constexpr (has_rank1_value<Ex, V>::value) return ex.rank1_value(v);
+  else return ex.reduce(R(0.0), SumOp(), [&](int s, int j) { return j == 1 ? R(v[s]) : R(0.0); });
 }
 
 // The group mean as x_0 + mean(x - x_0) around a group element x_0: a constant group's mean is

@@ -155,6 +155,14 @@ struct SegmentExec : LaneSize<P * ITEMS, kFull> {
     return r;
   }
 
+  // The value at rank 1 (lane 0's slot 0) on every lane, as first_value's reduce gives it
+  // (0.0 + x: a -0 comes out +0): one shuffle, where the reduce's term picked slot -first of the
+  // lane's array, a run-time index that put the array in local memory on the GPU.
+  template <class V>
+  BK_HD double rank1_value(V& v) {
+    return 0.0 + double(team.take(v[0], 0));
+  }
+
   template <class Pred>
   BK_HD bool any(Pred pred) {
     bool found = false;
