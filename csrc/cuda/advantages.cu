@@ -287,18 +287,26 @@ struct SegmentSamples {
   }
 };
 
-// Final values to the group's samples by source index (compute_group has clipped them). C: the
-// calls of the kernel's instantiation (LaneCalls); kFull: the group fills the segment, so every
-// slot holds a sample and every index is below n.
+// Final values to the group's samples by source index, clipped on the way as the small-group
+// kernel's OutputSink clips them (kClipsOnStore: a tile's value in single precision after the
+// rounding to float, clip_rounded in guards.h; float64 in double). C: the calls of the kernel's
+// instantiation (LaneCalls); kFull: the group fills the segment, so every slot holds a sample.
 template <LaneCalls C, bool kFull>
 struct SegmentSink {
   static constexpr LaneCalls kCalls = C;
+  static constexpr bool kClipsOnStore = true;
   int idx[kSegmentItems];  // source index (within the group) of each slot, from the sort
   int n;
   int first;
+  float lo, hi;  // the clip bounds rounded to float (the tile's stores)
+  const Params* p;
   SegmentSamples io;
   __device__ __forceinline__ void operator()(int s, double v) {
-    if (kFull || max(first + s, idx[s]) < n) io.store(idx[s], v);  // idx: a source index < n
+    // compute_group emits valid slots only, and the sort leaves every sample's index below n
+    // (host-tested): the min keeps even a broken sort inside its group, without a branch.
+    const int i = kFull ? idx[s] : min(idx[s], n - 1);
+    if (io.in_tile) io.tile[tile_slot(io.at + i)] = clip_rounded(float(v), lo, hi);
+    else store_value(io.dtype, io.out, io.lo + i, clip_value(*p, v));
   }
 };
 
@@ -346,6 +354,9 @@ __device__ __forceinline__ void segment_group(const SegmentSamples& io, const Pa
   ex.team.mask = mask;
   ex.sink.n = ex.n;
   ex.sink.first = ex.first;
+  ex.sink.lo = float(p.clip_lo);
+  ex.sink.hi = float(p.clip_hi);
+  ex.sink.p = &p;
   ex.sink.io = io;
   typename Ex::Vec x, delta;
   const bool sort = C != LaneCalls::kCentred && !order_free(p.code);

@@ -117,6 +117,7 @@ BK_HD void segment_sort(Team& team, K* key, int* idx) {
 template <int P, int ITEMS, class Team, class Sink, bool kFull = false>
 struct SegmentExec : LaneSize<P * ITEMS, kFull> {
   static constexpr LaneCalls kCalls = lane_calls<Sink>::value;  // the calls it computes (group_math.h)
+  static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
   // As LaneExec: kWide and kCentred hold their arrays in float (float32 rewards only).
   using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
   struct Vec {
