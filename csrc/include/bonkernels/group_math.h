@@ -73,14 +73,15 @@ struct real_of<Ex, std::void_t<typename Ex::Real>> {
 template <class Ex>
 using real_t = typename real_of<Ex>::type;
 
-// The value at rank 1 (slot of the smallest x, or of the first sample for the order-free
-// estimators): a sum with one non-zero term, so it is exact and a NaN or inf passes through.
+// Whether an executor fetches the value at rank 1 itself (rank1_value).
 template <class Ex, class V, class = void>
 struct has_rank1_value : std::false_type {};
 template <class Ex, class V>
 struct has_rank1_value<Ex, V, std::void_t<decltype(std::declval<Ex&>().rank1_value(std::declval<V&>()))>>
     : std::true_type {};
 
+// The value at rank 1 (slot of the smallest x, or of the first sample for the order-free
+// estimators): a sum with one non-zero term, so it is exact and a NaN or inf passes through.
 template <class Ex, class V>
 BK_HD real_t<Ex> first_value(Ex& ex, V& v) {
   using R = real_t<Ex>;
