@@ -448,6 +448,21 @@ std::vector<int> copy_round_positions(const bk::cuda::TileCopy& c, int rounds, l
   return visited;
 }
 
+// One thread's copy in, replayed into `source` (the tensor position each tile slot holds): each
+// position must lie inside the tile and the tensors and have no other writer. False (the caller
+// stops) when one lies outside.
+bool record_copy_in(const bk::cuda::TileCopy& c, int rounds, int tile_size, int64_t total, long long tag,
+                    std::vector<int64_t>& source) {
+  for (int i : copy_round_positions(c, rounds, tag)) {
+    const bool inside = c.at + i >= 0 && c.at + i < tile_size && c.lo + i >= 0 && c.lo + i < total;
+    expect(inside, "copy inside the tile and the tensors", tag, c.at + i);
+    if (!inside) return false;
+    expect(source[size_t(c.at + i)] == -1, "one writer per tile slot", tag, c.at + i);
+    source[size_t(c.at + i)] = c.lo + i;
+  }
+  return true;
+}
+
 // The small-group kernel's tile (advantages.cu, thread_kernel): a block of 128 threads takes it
 // when every live group passes tile_fits; then its groups must tile [0, len) exactly (each
 // position read, computed and written back by one thread, and by the kernel that computes it),
@@ -525,24 +540,18 @@ void test_thread_copy() {
         const int64_t block_lo = whole_block ? off[size_t(g0)] : 0, block_hi = whole_block ? off[size_t(last)] : 0;
         std::vector<int64_t> source(static_cast<size_t>(kTile), -1);
         std::vector<int> written(static_cast<size_t>(total), 0), computed(static_cast<size_t>(total), 0);
-        for (int t = 0; t < kBlock; ++t) {
+        std::vector<GroupSpan> spans(kBlock);
+        std::vector<bk::cuda::TileCopy> copies(kBlock);
+        for (int t = 0; t < kBlock; ++t) {  // copy in for every thread, then check and copy out
           const int64_t g = g0 + t;
-          const GroupSpan span = g < G ? bk::cuda::bucket_group(off[g], off[g + 1], total, 0, W, bound)
-                                       : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
-          const auto c = bk::cuda::thread_copy(whole_block, block_lo, block_hi, span, t, W, kBlock);
-          for (int i : copy_round_positions(c, W, W)) {
-            const bool inside = c.at + i >= 0 && c.at + i < kTile && c.lo + i >= 0 && c.lo + i < total;
-            expect(inside, "thread copy inside the tile and the tensors", W, c.at + i);
-            if (!inside) return;
-            expect(source[size_t(c.at + i)] == -1, "one writer per tile slot", W, c.at + i);
-            source[size_t(c.at + i)] = c.lo + i;
-          }
+          spans[size_t(t)] = g < G ? bk::cuda::bucket_group(off[g], off[g + 1], total, 0, W, bound)
+                                   : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
+          copies[size_t(t)] = bk::cuda::thread_copy(whole_block, block_lo, block_hi, spans[size_t(t)], t, W, kBlock);
+          if (!record_copy_in(copies[size_t(t)], W, kTile, total, W, source)) return;
         }
         for (int t = 0; t < kBlock; ++t) {
-          const int64_t g = g0 + t;
-          const GroupSpan span = g < G ? bk::cuda::bucket_group(off[g], off[g + 1], total, 0, W, bound)
-                                       : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
-          const auto c = bk::cuda::thread_copy(whole_block, block_lo, block_hi, span, t, W, kBlock);
+          const GroupSpan& span = spans[size_t(t)];
+          const auto& c = copies[size_t(t)];
           if (span.action == bk::cuda::GROUP_COMPUTE) {
             const int64_t base = c.at + (span.lo - c.lo);
             for (int64_t j = 0; j < span.hi - span.lo; ++j) {
@@ -652,13 +661,7 @@ void test_segment_copy() {
             if (pass == 0) {
               const auto c = bk::cuda::segment_copy(in_tile, whole_block, block_lo, block_hi, span, compute, t, P, kItems, kBlock);
               copies[size_t(t)] = c;
-              for (int i : copy_round_positions(c, kItems, P)) {
-                const bool inside = c.at + i >= 0 && c.at + i < kTile && c.lo + i >= 0 && c.lo + i < total;
-                expect(inside, "segment copy inside the tile and the tensors", P, c.at + i);
-                if (!inside) return;
-                expect(source[size_t(c.at + i)] == -1, "one writer per tile slot", P, c.at + i);
-                source[size_t(c.at + i)] = c.lo + i;
-              }
+              if (!record_copy_in(c, kItems, kTile, total, P, source)) return;
               continue;
             }
             const auto& c = copies[size_t(t)];
