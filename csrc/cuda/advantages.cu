@@ -151,6 +151,14 @@ __device__ __forceinline__ void copy_rounds(const TileCopy& c, Move move) {
     if (r * kStep < left) move(c.first + r * kStep, copy_round_slot(slot0, r, kStep));
 }
 
+// A kernel's copy: the whole block's span strides by the block (kBlockStep), a group's own copy by
+// kOwnStep (1 or P): the steps thread_copy and segment_copy (guards.h) give.
+template <int kRounds, int kBlockStep, int kOwnStep, class Move>
+__device__ __forceinline__ void copy_tile(bool whole_block, const TileCopy& c, Move move) {
+  if (whole_block) copy_rounds<kRounds, kBlockStep>(c, move);
+  else copy_rounds<kRounds, kOwnStep>(c, move);
+}
+
 // ----------------------------------------------------------------------------- shuffles of scan values
 
 __device__ __forceinline__ double shfl_up(unsigned mask, double v, int d, int w) { return __shfl_up_sync(mask, v, d, w); }
@@ -305,8 +313,7 @@ struct SegmentSink {
     // compute_group emits valid slots only, and the sort leaves every sample's index below n
     // (host-tested): the min keeps even a broken sort inside its group, without a branch.
     const int i = kFull ? idx[s] : min(idx[s], n - 1);
-    if (io.in_tile) io.tile[tile_slot(io.at + i)] = clip_rounded(float(v), lo, hi);
-    else store_value(io.dtype, io.out, io.lo + i, clip_value(*p, v));
+    io.store(i, io.in_tile ? double(clip_rounded(float(v), lo, hi)) : clip_value(*p, v));  // (a float: exact)
   }
 };
 
@@ -466,13 +473,9 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
     tile[slot] = float(load_value(dtype, values, copy.lo + i));
     if (stage_deltas) delta_tile[slot] = float(load_value(dtype, deltas, copy.lo + i));
   };
-  if (whole_block) {
-    copy_rounds<kSegmentItems, kSegmentBlock>(copy, copy_in);
-    __syncthreads();
-  } else {
-    copy_rounds<kSegmentItems, P>(copy, copy_in);
-    __syncwarp(mask);
-  }
+  copy_tile<kSegmentItems, kSegmentBlock, P>(whole_block, copy, copy_in);
+  if (whole_block) __syncthreads();
+  else __syncwarp(mask);
   if (compute) {
     const SegmentSamples io{dtype, in_tile, values, deltas, out, span.lo, tile, delta_tile,
                             int(copy.at + span.lo - copy.lo)};
@@ -486,13 +489,9 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
     }
   }
   const auto copy_out = [&](int i, int slot) { store_rounded(dtype, out, copy.lo + i, tile[slot]); };
-  if (whole_block) {
-    __syncthreads();
-    copy_rounds<kSegmentItems, kSegmentBlock>(copy, copy_out);
-  } else {
-    __syncwarp(mask);
-    copy_rounds<kSegmentItems, P>(copy, copy_out);
-  }
+  if (whole_block) __syncthreads();
+  else __syncwarp(mask);
+  copy_tile<kSegmentItems, kSegmentBlock, P>(whole_block, copy, copy_out);
 }
 
 // ----------------------------------------------------------------------------- block executor
@@ -928,23 +927,15 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
       tile[slot] = float(load_value(dtype, values, copy.lo + i));
       if (stage_deltas) delta_tile[slot] = float(load_value(dtype, deltas, copy.lo + i));
     };
-    if (whole_block) {
-      copy_rounds<W, kThreadBlock>(copy, copy_in);
-      __syncthreads();
-    } else {
-      if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
-      copy_rounds<W, 1>(copy, copy_in);
-    }
+    if (!whole_block && span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
+    copy_tile<W, kThreadBlock, 1>(whole_block, copy, copy_in);
+    if (whole_block) __syncthreads();
     if (span.action == GROUP_COMPUTE)
       thread_group_call<W, C>(TileGroup{tile, delta_tile, int(copy.at + span.lo - copy.lo), dtype}, off_policy, p,
                               int(span.hi - span.lo));
     const auto copy_out = [&](int i, int slot) { store_rounded(dtype, out, copy.lo + i, tile[slot]); };
-    if (whole_block) {
-      __syncthreads();
-      copy_rounds<W, kThreadBlock>(copy, copy_out);
-    } else {
-      copy_rounds<W, 1>(copy, copy_out);
-    }
+    if (whole_block) __syncthreads();
+    copy_tile<W, kThreadBlock, 1>(whole_block, copy, copy_out);
     return;
   }
   if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
