@@ -155,14 +155,17 @@ class CudaVariant:
 # small-group (one thread per group) and segment (P lanes per group) kernels of the size-bucketed
 # launcher, and the sub-warp and small-block kernels they replaced (kept to read older revisions,
 # --source-rev). A build is reported with the variants its cubin holds. The small-group kernel is
-# instantiated per set of calls (group_math.h's LaneCalls: kAll 0, kOnPolicy 1, kWide 2, kCentred 3):
-# "off" (kAll, which the launcher sends the off-policy estimators; older revisions: template argument
-# true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards), "wide" (kWide at
-# W = 8 and 16: maxk, passk and maxk_loo1 from a bank on float32 rewards) and the plain name for
-# the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel for all). The
-# segment kernel likewise: "centred", "wide" and the plain name for kAll (older revisions: one
-# kernel for all).
+# instantiated per set of calls (group_math.h's LaneCalls: kAll 0, kOnPolicy 1, kWide 2, kCentred 3,
+# kWideOffPolicy 4): "offwide" (kWideOffPolicy: maxk_offpolicy from a bank on float32 rewards, since
+# 2026-12-05), "off" (kAll, which the launcher sends the other off-policy calls; older revisions:
+# template argument true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards),
+# "wide" (kWide at W = 8 and 16: maxk, passk and maxk_loo1 from a bank on float32 rewards) and the
+# plain name for the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel
+# for all). The segment kernel likewise: "centred", "wide", "offwide" and the plain name for kAll
+# (older revisions: one kernel for all).
 CUDA_VARIANTS = (
+    CudaVariant("thread_kernel<8,offwide>", "thread_kernelILi8ELNS_9LaneCallsE4EE", 128, 1, 1, 8),
+    CudaVariant("thread_kernel<16,offwide>", "thread_kernelILi16ELNS_9LaneCallsE4EE", 128, 1, 9, 16),
     CudaVariant("thread_kernel<8,off>", "thread_kernelILi8E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16,off>", "thread_kernelILi16E(Lb1E|LNS_9LaneCallsE0E)E", 128, 1, 9, 16),
     CudaVariant("thread_kernel<8,centred>", "thread_kernelILi8ELNS_9LaneCallsE3EE", 128, 1, 1, 8),
@@ -172,11 +175,12 @@ CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8>", "thread_kernelILi8E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 1, 8),
     CudaVariant("thread_kernel<16>", "thread_kernelILi16E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 9, 16),
     CudaVariant("thread_kernel<32>", "thread_kernelILi32E(Lb0E|LNS_9LaneCallsE2E)?E", 128, 1, 17, 32),
+    CudaVariant("thread_kernel<32,offwide>", "thread_kernelILi32ELNS_9LaneCallsE4EE", 128, 1, 17, 32),
     *(CudaVariant(f"segment_kernel<{lanes}{suffix}>", f"segment_kernelILi{lanes}E{calls}E", 128, lanes,
                   lo, hi)
       for lanes, lo, hi in ((2, 17, 32), (4, 33, 64), (8, 65, 128), (16, 129, 256), (32, 257, 512))
       for suffix, calls in ((",centred", "LNS_9LaneCallsE3E"), (",wide", "LNS_9LaneCallsE2E"),
-                            ("", "(LNS_9LaneCallsE0E)?"))),
+                            (",offwide", "LNS_9LaneCallsE4E"), ("", "(LNS_9LaneCallsE0E)?"))),
     CudaVariant("warp_kernel<8>", "warp_kernelILi8EE", 256, 8, 1, 8),
     CudaVariant("warp_kernel<16>", "warp_kernelILi16EE", 256, 16, 9, 16),
     CudaVariant("warp_kernel<32>", "warp_kernelILi32EE", 256, 32, 17, 32),
@@ -197,6 +201,9 @@ WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
 # The float32 calls it sends to the kCentred instantiations of the small-group and segment kernels;
 # the other WIDE_LANE_BUILDS go to their kWide instantiations.
 CENTRED_LANE_BUILDS = ("grpo/fp32", "rloo/fp32", "dr_grpo/fp32", "maxrl/fp32")
+# The float32 call with deltas that the launcher sends to the kWideOffPolicy instantiations (its
+# bank in the estimator build), thread_kernel<32> included.
+OFF_WIDE_BUILDS = ("maxk_offpolicy/fp32",)
 
 
 def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVariant:
@@ -211,6 +218,8 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
     for v in CUDA_VARIANTS:
         if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
             if v.name == "thread_kernel<32>" and build is not None and build not in WIDE_LANE_BUILDS:
+                continue
+            if v.name.endswith(",offwide>") and build not in OFF_WIDE_BUILDS:
                 continue
             if v.name.endswith(",off>") and not off_policy:
                 continue

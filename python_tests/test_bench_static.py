@@ -92,10 +92,11 @@ def test_estimate_arithmetic():
     assert sk.bytes_per_sample(16, 4, deltas=True) == 12.5
 
 
-@pytest.mark.parametrize("calls, builds", [("kWide", sk.WIDE_LANE_BUILDS), ("kCentred", sk.CENTRED_LANE_BUILDS)])
+@pytest.mark.parametrize("calls, builds", [("kWide", sk.WIDE_LANE_BUILDS), ("kCentred", sk.CENTRED_LANE_BUILDS),
+                                           ("kWideOffPolicy", sk.OFF_WIDE_BUILDS)])
 def test_lane_builds_follow_the_source(calls, builds):
-    """WIDE_LANE_BUILDS and CENTRED_LANE_BUILDS list the estimators of group_math.h's lane_code
-    for LaneCalls::kWide and kCentred."""
+    """WIDE_LANE_BUILDS, CENTRED_LANE_BUILDS and OFF_WIDE_BUILDS list the estimators of
+    group_math.h's lane_code for LaneCalls::kWide, kCentred and kWideOffPolicy."""
     from bonkernels import estimators
 
     src = (Path(sk.REPO_DIR) / "csrc" / "include" / "bonkernels" / "group_math.h").read_text()
@@ -121,9 +122,16 @@ def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(16, build="maxk_loo1/fp32").name == "thread_kernel<16,wide>"
     assert sk.cuda_variant_for(16, {"thread_kernel<16>"}, build="maxk_loo1/fp32").name == "thread_kernel<16>"
     assert sk.cuda_variant_for(16, build="chen_passk/fp32").name == "thread_kernel<16>"
-    # the off-policy estimators have their own small-group instantiation (an older build: the one kernel)
-    assert sk.cuda_variant_for(16, build="maxk_offpolicy/fp32").name == "thread_kernel<16,off>"
-    assert sk.cuda_variant_for(8, build="maxk_offpolicy/fp32").name == "thread_kernel<8,off>"
+    # the off-policy estimators have their own small-group instantiations: maxk_offpolicy from a
+    # bank on float32 rewards the float one (an older build: kAll's, or the one kernel)
+    assert sk.cuda_variant_for(16, build="maxk_offpolicy/fp32").name == "thread_kernel<16,offwide>"
+    assert sk.cuda_variant_for(8, build="maxk_offpolicy/fp32").name == "thread_kernel<8,offwide>"
+    older = {"thread_kernel<8,off>", "thread_kernel<16,off>", "thread_kernel<32>", "segment_kernel<2>",
+             "segment_kernel<4>"}
+    assert sk.cuda_variant_for(16, older, build="maxk_offpolicy/fp32").name == "thread_kernel<16,off>"
+    assert sk.cuda_variant_for(8, older, build="maxk_offpolicy/fp32").name == "thread_kernel<8,off>"
+    assert sk.cuda_variant_for(32, older, build="maxk_offpolicy/fp32").name == "segment_kernel<2>"
+    assert sk.cuda_variant_for(64, older, build="maxk_offpolicy/fp32").name == "segment_kernel<4>"
     assert sk.cuda_variant_for(16, build="default").name == "thread_kernel<16>"
     # grpo, rloo, dr_grpo and maxrl have theirs (an older build: the on-policy one)
     assert sk.cuda_variant_for(16, build="grpo/fp32").name == "thread_kernel<16,centred>"
@@ -133,15 +141,15 @@ def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(16, {"thread_kernel<16>"}, build="maxk_offpolicy/fp32").name == "thread_kernel<16>"
     assert sk.cuda_variant_for(32).name == "thread_kernel<32>"
     assert sk.cuda_variant_for(32, build="maxk_loo1/fp32").name == "thread_kernel<32>"
+    assert sk.cuda_variant_for(32, build="maxk_offpolicy/fp32").name == "thread_kernel<32,offwide>"
     # the calls a wide lane does not take, and a build for every call, run the 2-lane segment kernel
-    assert sk.cuda_variant_for(32, build="maxk_offpolicy/fp32").name == "segment_kernel<2>"
     assert sk.cuda_variant_for(32, build="default").name == "segment_kernel<2>"
     assert sk.cuda_variant_for(32, build="rloo/fp32").name == "segment_kernel<2,centred>"
     # above 32 the segment kernel has the same float-set instantiations (an older build: one kernel)
     assert sk.cuda_variant_for(64).name == "segment_kernel<4,wide>"
     assert sk.cuda_variant_for(64, build="maxk_loo1/fp32").name == "segment_kernel<4,wide>"
     assert sk.cuda_variant_for(64, build="grpo/fp32").name == "segment_kernel<4,centred>"
-    assert sk.cuda_variant_for(64, build="maxk_offpolicy/fp32").name == "segment_kernel<4>"
+    assert sk.cuda_variant_for(64, build="maxk_offpolicy/fp32").name == "segment_kernel<4,offwide>"
     assert sk.cuda_variant_for(64, build="default").name == "segment_kernel<4>"
     assert sk.cuda_variant_for(64, {"segment_kernel<4>"}, build="grpo/fp32").name == "segment_kernel<4>"
     # an older launcher: the sub-warp kernel at 32, a 32-thread block at 64

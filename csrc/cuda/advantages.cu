@@ -9,13 +9,14 @@
 //                one instantiation per set of calls (LaneCalls below), so that the lighter calls
 //                hold fewer registers and get more warps per SM; every launch starts with it;
 //   * n <= 32:   float32 rewards and a call a wide lane takes (grpo; maxk, pass@k, maxk_loo1
-//                from a bank): thread_kernel<32> for all the groups of the launch, its arrays in
-//                float; otherwise thread_kernel<16>, then the segment executor for the groups of
+//                from a bank: kWide; maxk_offpolicy from a bank: kWideOffPolicy):
+//                thread_kernel<32> for all the groups of the launch, its inputs in float arrays;
+//                otherwise thread_kernel<16>, then the segment executor for the groups of
 //                17..32 samples (segment_exec.h): 2 lanes per group, 16 ranks per lane in
 //                registers, each lane's slots sorted by the odd-even network and merged across
 //                lanes by shuffles, the lane executor's serial scans carried across lanes;
 //   * n <= 512:  the same with 4, 8, 16 or 32 lanes per group (segment_kernel<P>, 16 P samples);
-//                the segment kernel is instantiated per set of calls too (kAll, kCentred, kWide)
+//                the segment kernel is instantiated per set of calls too (kAll and the float sets)
 //                and stages its samples through a shared-memory tile as well;
 //   * n <= 4096: the block executor, one block per group of more than 16 (256 threads up to 2048
 //                samples, 512 above): cub::BlockRadixSort (over the key bits the dtype can set up
@@ -377,7 +378,7 @@ __device__ __forceinline__ void segment_group(const SegmentSamples& io, const Pa
     segment_nan_fill(io, n, lane);
     return;
   }
-  const bool off_policy = C == LaneCalls::kAll && needs_deltas(p.code) && io.deltas != nullptr;
+  const bool off_policy = lane_takes_deltas(C) && needs_deltas(p.code) && io.deltas != nullptr;
   BK_UNROLL
   for (int s = 0; s < I; ++s)  // a non-finite delta makes compute_group NaN-fill the group
     delta[s] = (off_policy && ex.valid(s)) ? io.delta(ex.sink.idx[s], p) : 0.0;
@@ -410,14 +411,16 @@ struct SegmentGroupBody {
 };
 
 // Blocks of the segment kernel an SM must hold at once (the compiler fits the registers to it).
-// kAll takes the compiler's choice (2 blocks). The float sets, one copy per estimator, need far
-// fewer registers: kWide fits 4 blocks (124-126 registers), kCentred 5 (92-96 with its copy for
-// full groups, which spills at 6 blocks on sm_80 and sm_90).
+// kAll takes the compiler's choice (2 blocks). The float sets, one copy per estimator, need fewer
+// registers: kWide fits 4 blocks (124-126 registers), kCentred 5 (92-96 with its copy for full
+// groups, which spills at 6 blocks on sm_80 and sm_90), kWideOffPolicy 3 (166 on sm_90; it spills
+// 20-28 bytes at 4).
 template <LaneCalls C>
 constexpr int segment_kernel_min_blocks() {
   switch (C) {
     case LaneCalls::kCentred: return 5;
     case LaneCalls::kWide: return 4;
+    case LaneCalls::kWideOffPolicy: return 3;
     default: return 1;
   }
 }
@@ -427,9 +430,9 @@ constexpr int kSegmentBlock = 128;
 // P lanes per group of up to P * 16 samples (segment_exec.h): each lane holds 16 consecutive ranks
 // in registers and runs the lane executor's serial code over them; sort merges and scan carries
 // cross lanes by shuffles. C: the calls of the instantiation, as for the small-group kernel: kAll
-// for every call, and the float sets kCentred and kWide with their arrays in float and one copy
-// of the group's code per estimator (sm_90: kAll about 238 registers, 8 warps per SM; kWide
-// about 126, 16 warps; kCentred 92-96, 20 warps).
+// for every call, and the float sets kCentred, kWide and kWideOffPolicy with their inputs in float
+// and one copy of the group's code per estimator (sm_90: kAll about 238 registers, 8 warps per SM;
+// kWideOffPolicy 166, 12 warps; kWide about 126, 16 warps; kCentred 92-96, 20 warps).
 // float32, float16 and bfloat16 go through a shared-memory tile, as in the small-group kernel: a
 // block whose groups all run here (sizes in (n_lo, cap], well formed: the usual [G, n] batch)
 // copies its span in and out with coalesced accesses; in any other block each segment copies its
@@ -459,7 +462,7 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
 
   constexpr int kTile = kSegmentBlock * kSegmentItems;
   __shared__ float tile[tile_slot(kTile - 1) + 1];
-  constexpr bool kDeltaTile = C == LaneCalls::kAll;
+  constexpr bool kDeltaTile = lane_takes_deltas(C);
   __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1) + 1 : 1];
   const bool stage_deltas = kDeltaTile && needs_deltas(p.code) && deltas != nullptr;
   const bool in_tile = lane_arrays_in_float(C) || dtype != BK_FLOAT64;  // uniform
@@ -685,8 +688,8 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 // ----------------------------------------------------------------------------- small-group kernel
 
 // Group sizes the small-group kernel takes: up to 16 for every call, and up to 32 for float32
-// rewards and the LaneCalls::kWide calls (group_math.h). Wider than 16, float64 (key, index)
-// pairs and the other estimators' extra arrays would not fit in registers.
+// rewards and the LaneCalls::kWide and kWideOffPolicy calls (group_math.h). Wider than 16, float64
+// (key, index) pairs and the other estimators' extra arrays would not fit in registers.
 constexpr int kThreadKernelMax = 16;
 constexpr int kThreadKernelMaxWide = 32;
 
@@ -695,8 +698,8 @@ constexpr int kThreadKernelMaxWide = 32;
 // the registers of its largest path, so lighter calls in their own instantiation get more warps
 // per SM). The launcher picks one per call (small_group_kernel): at W = 8 and 16, kCentred for
 // grpo, rloo, dr_grpo and maxrl on float32 rewards, kWide for maxk, passk and maxk_loo1 from a bank
-// on float32 rewards, kAll (the only one with delta arrays) for the off-policy estimators and
-// kOnPolicy for every other call; at W = 32, kWide.
+// on float32 rewards, kWideOffPolicy for maxk_offpolicy from a bank on float32 rewards, kAll for
+// the other off-policy calls and kOnPolicy for every other call; at W = 32, kWide or kWideOffPolicy.
 
 // Where a thread's group lives. GlobalGroup: in the tensors (float64; index i of the group is
 // element lo + i). TileGroup: float32, float16 and bfloat16 samples as floats in the block's
@@ -825,8 +828,8 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
     return;
   }
   BK_UNROLL
-  for (int s = 0; s < W; ++s)  // only kAll takes an off-policy call
-    delta[s] = (C == LaneCalls::kAll && off_policy && s < ex.n) ? group.delta(ex.sink.idx[s], p) : 0.0;
+  for (int s = 0; s < W; ++s)  // only kAll and kWideOffPolicy take an off-policy call
+    delta[s] = (lane_takes_deltas(C) && off_policy && s < ex.n) ? group.delta(ex.sink.idx[s], p) : 0.0;
   compute_group(ex, p, x, delta);
 }
 
@@ -848,8 +851,8 @@ struct ThreadGroupBody {
   __device__ __forceinline__ void operator()(const Params& q) const { thread_group_sized<W, C>(group, off_policy, q, n); }
 };
 
-// One group of the call. At W = 8 and 16 the float-array sets (kCentred, kWide) compile one copy
-// of the group's code per estimator, each with its code a constant: a kernel holds the registers
+// One group of the call. At W = 8 and 16 the float-array sets (kCentred, kWide, kWideOffPolicy)
+// compile one copy of the group's code per estimator, each with its code a constant: a kernel holds the registers
 // of its heaviest branch, and one copy for several estimators holds more than any of them alone
 // (sm_90, W = 16: kCentred 144 registers as one copy, 94 as one per estimator; kWide spilled at
 // 128 as one copy). At W = 32 one copy (the per-estimator copies would not fit more blocks).
@@ -873,7 +876,8 @@ constexpr int kThreadBlock = 128;
 // spill (sm_80's compiler spills 8 bytes there: 2 blocks); kAll keeps the compiler's choice (2
 // blocks at W = 16). The float-array sets, one copy per estimator: kCentred took 58 registers at
 // W = 8 and 94 at W = 16 unbounded (8 and 5 blocks), kWide fits 8 and 4 blocks (64 and 128)
-// without a spill, and spills at 3 blocks at W = 32. Only the device passes read it.
+// without a spill, and spills at 3 blocks at W = 32; kWideOffPolicy fits 5, 3 and 2 blocks (it
+// spills 4-20 bytes at 6 and 4 blocks at W = 8 and 16). Only the device passes read it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 constexpr int kOnPolicyBlocksAt16 = 2;
 #else
@@ -885,6 +889,7 @@ constexpr int thread_kernel_min_blocks() {
     case LaneCalls::kAll: return 1;
     case LaneCalls::kCentred: return W <= 8 ? 8 : 5;
     case LaneCalls::kWide: return W <= 8 ? 8 : (W <= 16 ? 4 : 2);
+    case LaneCalls::kWideOffPolicy: return W <= 8 ? 5 : (W <= 16 ? 3 : 2);
     default: return W <= 8 ? 5 : kOnPolicyBlocksAt16;
   }
 }
@@ -915,7 +920,7 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
   // computed group to and from its thread's own W slots. float64 works on the tensors directly.
   constexpr int kTile = kThreadBlock * W;
   __shared__ float tile[tile_slot(kTile - 1) + 1];
-  constexpr bool kDeltaTile = C == LaneCalls::kAll;
+  constexpr bool kDeltaTile = lane_takes_deltas(C);
   __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1) + 1 : 1];
   const bool stage_deltas = kDeltaTile && off_policy;
   const bool whole_block = __syncthreads_and(!live || tile_fits(begin, end, total, W));  // uniform
@@ -945,16 +950,23 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
 
 // ----------------------------------------------------------------------------- launcher
 
-// Whether the launch's call goes to an instantiation of the set (kWide or kCentred: float32 rewards).
+// Whether the launch's call goes to an instantiation of the set (a float set: float32 rewards).
 inline bool float_lane_takes(LaneCalls calls, int dtype, const Params& p) {
   return dtype == BK_FLOAT32 && lane_takes(calls, p.code, p.bank != nullptr);
 }
 
-// The float-array set that takes the call (kCentred first: grpo is in both), or kAll for neither.
+// The float-array set that takes the call (kCentred first: grpo is in both), or kAll for none.
 inline LaneCalls float_set_of(int dtype, const Params& p) {
   if (float_lane_takes(LaneCalls::kCentred, dtype, p)) return LaneCalls::kCentred;
   if (float_lane_takes(LaneCalls::kWide, dtype, p)) return LaneCalls::kWide;
+  if (float_lane_takes(LaneCalls::kWideOffPolicy, dtype, p)) return LaneCalls::kWideOffPolicy;
   return LaneCalls::kAll;
+}
+
+// Whether thread_kernel<32> takes the call (then it holds every group of a launch bounded by 32).
+inline bool wide_thread_takes(int dtype, const Params& p) {
+  const LaneCalls set = float_set_of(dtype, p);
+  return set == LaneCalls::kWide || set == LaneCalls::kWideOffPolicy;
 }
 
 using ThreadKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int64_t);
@@ -963,18 +975,21 @@ ThreadKernel thread_kernel_for(LaneCalls calls) {
   switch (calls) {
     case LaneCalls::kCentred: return thread_kernel<W, LaneCalls::kCentred>;
     case LaneCalls::kWide: return thread_kernel<W, LaneCalls::kWide>;
+    case LaneCalls::kWideOffPolicy: return thread_kernel<W, LaneCalls::kWideOffPolicy>;
     case LaneCalls::kOnPolicy: return thread_kernel<W, LaneCalls::kOnPolicy>;
     default: return thread_kernel<W, LaneCalls::kAll>;
   }
 }
 
 // The small-group kernel of a call for the launch's power-of-two bound on the group size (cap):
-// thread_kernel<32, kWide> for a kWide call where it holds every group; else W = 8 where that
-// does and 16 otherwise, of the first set that takes the call among kCentred, kOnPolicy and kAll.
+// thread_kernel<32> of the call's set (kWide or kWideOffPolicy) where it holds every group; else
+// W = 8 where that does and 16 otherwise, of the set that takes the call: its float set
+// (float_set_of), else kOnPolicy or, with deltas, kAll.
 inline ThreadKernel small_group_kernel(int cap, int dtype, const Params& p) {
-  if (cap == kThreadKernelMaxWide && float_lane_takes(LaneCalls::kWide, dtype, p))
-    return thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>;
   const LaneCalls floats = float_set_of(dtype, p);
+  if (cap == kThreadKernelMaxWide && wide_thread_takes(dtype, p))
+    return floats == LaneCalls::kWide ? thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>
+                                      : thread_kernel<kThreadKernelMaxWide, LaneCalls::kWideOffPolicy>;
   const LaneCalls calls = floats != LaneCalls::kAll ? floats
                           : needs_deltas(p.code)   ? LaneCalls::kAll
                                                    : LaneCalls::kOnPolicy;
@@ -988,6 +1003,7 @@ SegmentKernel segment_kernel_for(int dtype, const Params& p) {
   switch (float_set_of(dtype, p)) {
     case LaneCalls::kCentred: return segment_kernel<P, LaneCalls::kCentred>;
     case LaneCalls::kWide: return segment_kernel<P, LaneCalls::kWide>;
+    case LaneCalls::kWideOffPolicy: return segment_kernel<P, LaneCalls::kWideOffPolicy>;
     default: return segment_kernel<P, LaneCalls::kAll>;
   }
 }
@@ -1039,7 +1055,7 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
       case 8:
       case kThreadKernelMax: break;  // the small-group kernel took every group
       case kThreadKernelMaxWide:
-        if (float_lane_takes(bk::LaneCalls::kWide, dtype, params)) break;  // thread_kernel<32> took every group
+        if (wide_thread_takes(dtype, params)) break;  // thread_kernel<32> took every group
         rc = launch(segment_kernel_for<2>(dtype, params), segment_blocks(num_groups, 2), kSegmentBlock, BK_ARGS, lo);
         break;
       case 64: rc = launch(segment_kernel_for<4>(dtype, params), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, lo); break;

@@ -684,7 +684,7 @@ void draw_group(std::mt19937_64& rng, int code, int n, int period, std::vector<d
   delta.resize(n);
   for (int i = 0; i < n; ++i) {
     g[i] = binary ? double(uni(rng) > 0) : (n % period ? double(K(uni(rng))) : std::round(uni(rng) * 4) / 4);
-    delta[i] = 0.3 * uni(rng);
+    delta[i] = double(K(0.3 * uni(rng)));  // the key type's deltas (float32 ones for float keys)
   }
 }
 
@@ -775,6 +775,9 @@ void check_segments() {
   check_segment_set<4, bk::LaneCalls::kCentred>("centred segment", rng, {17, 33, 48, 63, 64});
   check_segment_set<4, bk::LaneCalls::kWide>("wide segment", rng, {17, 33, 48, 63, 64});
   check_segment_set<8, bk::LaneCalls::kWide>("wide segment", rng, {65, 100, 128});
+  check_segment_set<2, bk::LaneCalls::kWideOffPolicy>("wide off-policy segment", rng, {1, 2, 17, 24, 31, 32});
+  check_segment_set<4, bk::LaneCalls::kWideOffPolicy>("wide off-policy segment", rng, {17, 33, 48, 63, 64});
+  check_segment_set<8, bk::LaneCalls::kWideOffPolicy>("wide off-policy segment", rng, {65, 100, 128});
   check_segment_set<16, bk::LaneCalls::kCentred>("centred segment", rng, {129, 256});
 }
 
@@ -957,6 +960,9 @@ void check_lane_sets() {
   check_lane_set<32, bk::LaneCalls::kWide>("wide lane");
   check_lane_set<16, bk::LaneCalls::kWide>("wide lane");
   check_lane_set<8, bk::LaneCalls::kWide>("wide lane");
+  check_lane_set<32, bk::LaneCalls::kWideOffPolicy>("wide off-policy lane");
+  check_lane_set<16, bk::LaneCalls::kWideOffPolicy>("wide off-policy lane");
+  check_lane_set<8, bk::LaneCalls::kWideOffPolicy>("wide off-policy lane");
   check_lane_set<16, bk::LaneCalls::kOnPolicy>("on-policy lane");
   check_lane_set<8, bk::LaneCalls::kOnPolicy>("on-policy lane");
   check_lane_set<16, bk::LaneCalls::kCentred>("centred lane");

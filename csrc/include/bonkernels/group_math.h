@@ -237,13 +237,16 @@ BK_HD bool has_bank(const Params& p) {
 //   kWide:     grpo, and maxk, passk and maxk_loo1 from the call's bank: no per-group tables, no
 //              array but the rewards (at W = 32 the only calls that fit);
 //   kCentred:  grpo, rloo, dr_grpo and maxrl: from the group's centre alone, no sort, no tables,
-//              no array but the rewards.
-// kWide and kCentred hold their arrays in float (LaneExec::Elem, SegmentExec::Elem): they are
-// sent float32 rewards only, and every sum and product stays in double. A call added to either
-// set must store nothing in an array but the rewards. compute_group NaN-fills a call outside the
-// executor's set without compiling its code there; the launcher sends none (test_group_math checks
-// each set against kAll).
-enum class LaneCalls { kAll, kOnPolicy, kWide, kCentred };
+//              no array but the rewards;
+//   kWideOffPolicy: maxk_offpolicy from the call's bank: the rewards and the clamped deltas, and
+//              the deltas' prefix sum in double (sum_vec_t: the only array that is not an input).
+// kWide, kCentred and kWideOffPolicy hold their arrays in float (LaneExec::Elem, SegmentExec::Elem):
+// they are sent float32 rewards and deltas only, exact in float, and every sum and product stays in
+// double. A call added to one of them must store in a float array nothing but its inputs (a
+// computed array takes sum_vec_t). compute_group NaN-fills a call outside the executor's set
+// without compiling its code there; the launcher sends none (test_group_math checks each set
+// against kAll, bit for bit).
+enum class LaneCalls { kAll, kOnPolicy, kWide, kCentred, kWideOffPolicy };
 
 template <class Ex, class = void>
 struct lane_calls : std::integral_constant<LaneCalls, LaneCalls::kAll> {};
@@ -273,6 +276,11 @@ BK_HD constexpr int lane_code(LaneCalls calls, int code, bool has_bank) {
         case MAXRL: return MAXRL;
         default: return -1;
       }
+    case LaneCalls::kWideOffPolicy:
+      switch (code) {
+        case MAXK_OFFPOLICY: return has_bank ? MAXK_OFFPOLICY : -1;
+        default: return -1;
+      }
     default:
       return code;
   }
@@ -282,8 +290,26 @@ BK_HD bool lane_takes(LaneCalls calls, int code, bool has_bank) { return lane_co
 
 // Whether a set's arrays may be float (see LaneCalls).
 BK_HD constexpr bool lane_arrays_in_float(LaneCalls calls) {
-  return calls == LaneCalls::kWide || calls == LaneCalls::kCentred;
+  return calls == LaneCalls::kWide || calls == LaneCalls::kCentred || calls == LaneCalls::kWideOffPolicy;
 }
+
+// Whether a set takes calls with deltas (the kernels stage and load them only for these).
+BK_HD constexpr bool lane_takes_deltas(LaneCalls calls) {
+  return calls == LaneCalls::kAll || calls == LaneCalls::kWideOffPolicy;
+}
+
+// An array of values computed in the group (not inputs): Ex::SumVec, double even where Ex::Vec
+// holds floats, when the executor has one; else Ex::Vec.
+template <class Ex, class = void>
+struct sum_vec_of {
+  using type = typename Ex::Vec;
+};
+template <class Ex>
+struct sum_vec_of<Ex, std::void_t<typename Ex::SumVec>> {
+  using type = typename Ex::SumVec;
+};
+template <class Ex>
+using sum_vec_t = typename sum_vec_of<Ex>::type;
 
 // The estimator code compute_group dispatches on: p.code, or -1 for a call outside the
 // executor's set (NaN-filled).
@@ -341,8 +367,8 @@ BK_HD void maxk_loo1_values(Ex& ex, Tables& t, Vec& x, real_t<Ex> lo, Emit emit)
 }
 
 // dsum[s] = sum_{l<j} delta_l, the deltas' exclusive prefix sum in rank order (maxk_offpolicy).
-template <class Ex, class Vec>
-BK_HD void delta_prefix(Ex& ex, Vec& delta, Vec& dsum) {
+template <class Ex, class Vec, class SumVec>
+BK_HD void delta_prefix(Ex& ex, Vec& delta, SumVec& dsum) {
   using R = real_t<Ex>;
   ex.scan(false, R(0.0), SumOp(), [&](int s, int) { return R(delta[s]); },
           [&](int s, int, R prefix) { dsum[s] = prefix; });
@@ -353,8 +379,8 @@ BK_HD void delta_prefix(Ex& ex, Vec& delta, Vec& dsum) {
 //   S1 = sum_{t>j} O_t x_t, S2 = sum O_t delta_t x_t, S3 = sum Q_t dsum_t x_t, S4 = sum Q_t x_t,
 // then A_j = (1 + delta_j)(D_j x_j + S1) + O_j dsum_j x_j + S2 + S3 - delta_j S4. Calls
 // emit(s, natural value). Over real_t<Ex>, as maxk_values.
-template <class Ex, class Tables, class Vec, class Emit>
-BK_HD void maxk_offpolicy_values(Ex& ex, Tables& t, Vec& x, Vec& delta, Vec& dsum, Emit emit) {
+template <class Ex, class Tables, class Vec, class SumVec, class Emit>
+BK_HD void maxk_offpolicy_values(Ex& ex, Tables& t, Vec& x, Vec& delta, SumVec& dsum, Emit emit) {
   using R = real_t<Ex>;
   ex.scan(
       true, dvec_zero<4, R>(), SumOp(),
@@ -498,7 +524,7 @@ BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename 
       return;
     }
     case MAXK_OFFPOLICY: {  // spec 3.2, O(n) form after the sort
-      Vec dsum;
+      sum_vec_t<Ex> dsum;  // (double on the float-array executors: a sum of deltas)
       ex.alloc(dsum);
       delta_prefix(ex, delta, dsum);
       if (!ex.tables(p, p.code, k, [&](auto& t) { maxk_offpolicy_values(ex, t, x, delta, dsum, emit); })) fill_nan();

@@ -86,19 +86,24 @@ template <int W, class Sink = SlotValues<W>, bool kFull = false>
 struct LaneExec : LaneSize<W, kFull> {
   static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
   static constexpr LaneCalls kCalls = lane_calls<Sink>::value;  // the calls it computes (group_math.h)
-  // kWide and kCentred hold their arrays in float: they take float32 rewards only, and their
-  // calls store nothing in an array but the rewards (exact in float) and zero deltas; every sum
-  // and product is still in double (half the registers of a double array).
+  // The float sets (kWide, kCentred, kWideOffPolicy) hold their inputs in float: they take float32
+  // rewards and deltas only (exact in float); every sum and product is still in double, and so is
+  // every array of computed values (SumVec). Half the registers of a double array.
   using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
   struct Vec {
     Elem v[W];
     BK_HD Elem& operator[](int s) { return v[s]; }
+  };
+  struct SumVec {  // values computed in the group (sum_vec_t, group_math.h): double in every set
+    double v[W];
+    BK_HD double& operator[](int s) { return v[s]; }
   };
 
   using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
   Sink sink;                    // receives emit(s, value)
 
   BK_HD void alloc(Vec&) {}
+  BK_HD void alloc(SumVec&) {}
 
   template <class F>
   BK_HD void for_each(F f) {

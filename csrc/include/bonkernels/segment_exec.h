@@ -118,11 +118,15 @@ template <int P, int ITEMS, class Team, class Sink, bool kFull = false>
 struct SegmentExec : LaneSize<P * ITEMS, kFull> {
   static constexpr LaneCalls kCalls = lane_calls<Sink>::value;  // the calls it computes (group_math.h)
   static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
-  // As LaneExec: kWide and kCentred hold their arrays in float (float32 rewards only).
+  // As LaneExec: the float sets hold their inputs in float (float32 rewards and deltas only).
   using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
   struct Vec {
     Elem v[ITEMS];
     BK_HD Elem& operator[](int s) { return v[s]; }
+  };
+  struct SumVec {  // values computed in the group (sum_vec_t, group_math.h): double in every set
+    double v[ITEMS];
+    BK_HD double& operator[](int s) { return v[s]; }
   };
   using LaneSize<P * ITEMS, kFull>::n;  // group size, 1 <= n <= P * ITEMS (set_size)
   int first;                            // 0-based rank of this lane's slot 0
@@ -130,6 +134,7 @@ struct SegmentExec : LaneSize<P * ITEMS, kFull> {
   Sink sink;
 
   BK_HD void alloc(Vec&) {}
+  BK_HD void alloc(SumVec&) {}
   BK_HD bool valid(int s) const { return kFull || first + s < n; }  // slot s holds a sample
 
   template <class F>
