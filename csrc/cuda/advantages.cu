@@ -852,10 +852,11 @@ struct ThreadGroupBody {
 };
 
 // One group of the call. At W = 8 and 16 the float-array sets (kCentred, kWide, kWideOffPolicy)
-// compile one copy of the group's code per estimator, each with its code a constant: a kernel holds the registers
-// of its heaviest branch, and one copy for several estimators holds more than any of them alone
-// (sm_90, W = 16: kCentred 144 registers as one copy, 94 as one per estimator; kWide spilled at
-// 128 as one copy). At W = 32 one copy (the per-estimator copies would not fit more blocks).
+// compile one copy of the group's code per estimator, each with its code a constant: a kernel
+// holds the registers of its heaviest branch, and one copy for several estimators holds more than
+// any of them alone (sm_90, W = 16: kCentred 144 registers as one copy, 94 as one per estimator;
+// kWide spilled at 128 as one copy). At W = 32 one copy (the per-estimator copies would not fit
+// more blocks).
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_call(const Group& group, bool off_policy, const Params& p, int n) {
   if constexpr (lane_arrays_in_float(C) && W <= kThreadKernelMax) {
