@@ -157,7 +157,7 @@ class CudaVariant:
 # --source-rev). A build is reported with the variants its cubin holds. The small-group kernel is
 # instantiated per set of calls (group_math.h's LaneCalls: kAll 0, kOnPolicy 1, kWide 2, kCentred 3,
 # kWideOffPolicy 4): "offwide" (kWideOffPolicy: maxk_offpolicy from a bank on float32 rewards, since
-# 2026-12-05), "off" (kAll, which the launcher sends the other off-policy calls; older revisions:
+# 2026-12-06), "off" (kAll, which the launcher sends the other off-policy calls; older revisions:
 # template argument true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards),
 # "wide" (kWide at W = 8 and 16: maxk, passk and maxk_loo1 from a bank on float32 rewards) and the
 # plain name for the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel
