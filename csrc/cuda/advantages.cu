@@ -964,10 +964,10 @@ inline LaneCalls float_set_of(int dtype, const Params& p) {
   return LaneCalls::kAll;
 }
 
-// Whether thread_kernel<32> takes the call (then it holds every group of a launch bounded by 32).
-inline bool wide_thread_takes(int dtype, const Params& p) {
-  const LaneCalls set = float_set_of(dtype, p);
-  return set == LaneCalls::kWide || set == LaneCalls::kWideOffPolicy;
+// Whether thread_kernel<32> takes the calls of a float set (then it holds every group of a launch
+// bounded by 32).
+inline bool wide_thread_takes(LaneCalls floats) {
+  return floats == LaneCalls::kWide || floats == LaneCalls::kWideOffPolicy;
 }
 
 using ThreadKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int64_t);
@@ -985,10 +985,9 @@ ThreadKernel thread_kernel_for(LaneCalls calls) {
 // The small-group kernel of a call for the launch's power-of-two bound on the group size (cap):
 // thread_kernel<32> of the call's set (kWide or kWideOffPolicy) where it holds every group; else
 // W = 8 where that does and 16 otherwise, of the set that takes the call: its float set
-// (float_set_of), else kOnPolicy or, with deltas, kAll.
-inline ThreadKernel small_group_kernel(int cap, int dtype, const Params& p) {
-  const LaneCalls floats = float_set_of(dtype, p);
-  if (cap == kThreadKernelMaxWide && wide_thread_takes(dtype, p))
+// (`floats`, float_set_of), else kOnPolicy or, with deltas, kAll.
+inline ThreadKernel small_group_kernel(int cap, LaneCalls floats, const Params& p) {
+  if (cap == kThreadKernelMaxWide && wide_thread_takes(floats))
     return floats == LaneCalls::kWide ? thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>
                                       : thread_kernel<kThreadKernelMaxWide, LaneCalls::kWideOffPolicy>;
   const LaneCalls calls = floats != LaneCalls::kAll ? floats
@@ -1000,8 +999,8 @@ inline ThreadKernel small_group_kernel(int cap, int dtype, const Params& p) {
 // The segment kernel of P lanes per group for a call: that of its float set, else kAll's.
 using SegmentKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int);
 template <int P>
-SegmentKernel segment_kernel_for(int dtype, const Params& p) {
-  switch (float_set_of(dtype, p)) {
+SegmentKernel segment_kernel_for(LaneCalls floats) {
+  switch (floats) {
     case LaneCalls::kCentred: return segment_kernel<P, LaneCalls::kCentred>;
     case LaneCalls::kWide: return segment_kernel<P, LaneCalls::kWide>;
     case LaneCalls::kWideOffPolicy: return segment_kernel<P, LaneCalls::kWideOffPolicy>;
@@ -1040,6 +1039,7 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
     return int(cudaErrorInvalidValue);
   }
   const int n = max_group_size;
+  const bk::LaneCalls floats = float_set_of(dtype, params);
   // Size buckets (guards.h): groups of up to 16 samples run one per thread; when the bound is
   // larger, a second kernel shaped by it takes the groups above 16 (the small ones skip it). Every
   // shape holds a power of two of samples (W, or BLOCK x ITEMS), so the bound's power of two picks it.
@@ -1049,20 +1049,20 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   const unsigned groups = unsigned(num_groups);
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
-  rc = launch(small_group_kernel(cap, dtype, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  rc = launch(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
   const int lo = kThreadKernelMax;
   if (rc == cudaSuccess) {
     switch (cap) {
       case 8:
       case kThreadKernelMax: break;  // the small-group kernel took every group
       case kThreadKernelMaxWide:
-        if (wide_thread_takes(dtype, params)) break;  // thread_kernel<32> took every group
-        rc = launch(segment_kernel_for<2>(dtype, params), segment_blocks(num_groups, 2), kSegmentBlock, BK_ARGS, lo);
+        if (wide_thread_takes(floats)) break;  // thread_kernel<32> took every group
+        rc = launch(segment_kernel_for<2>(floats), segment_blocks(num_groups, 2), kSegmentBlock, BK_ARGS, lo);
         break;
-      case 64: rc = launch(segment_kernel_for<4>(dtype, params), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, lo); break;
-      case 128: rc = launch(segment_kernel_for<8>(dtype, params), segment_blocks(num_groups, 8), kSegmentBlock, BK_ARGS, lo); break;
-      case 256: rc = launch(segment_kernel_for<16>(dtype, params), segment_blocks(num_groups, 16), kSegmentBlock, BK_ARGS, lo); break;
-      case 512: rc = launch(segment_kernel_for<32>(dtype, params), segment_blocks(num_groups, 32), kSegmentBlock, BK_ARGS, lo); break;
+      case 64: rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, lo); break;
+      case 128: rc = launch(segment_kernel_for<8>(floats), segment_blocks(num_groups, 8), kSegmentBlock, BK_ARGS, lo); break;
+      case 256: rc = launch(segment_kernel_for<16>(floats), segment_blocks(num_groups, 16), kSegmentBlock, BK_ARGS, lo); break;
+      case 512: rc = launch(segment_kernel_for<32>(floats), segment_blocks(num_groups, 32), kSegmentBlock, BK_ARGS, lo); break;
       case 1024: rc = launch(block_kernel<256, 4>, groups, 256, BK_ARGS, lo); break;
       case 2048: rc = launch(block_kernel<256, 8>, groups, 256, BK_ARGS, lo); break;
       default: rc = launch(block_kernel<512, 8>, groups, 512, BK_ARGS, lo); break;  // 4096
