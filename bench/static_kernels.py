@@ -3,13 +3,14 @@ issue-time versus memory-time estimate for an H200.
 
     python -m bench.static_kernels                 # CUDA (all variants) + Triton (fp32); writes
                                                    # bench/results/static_sm90/
-    python -m bench.static_kernels --no-triton     # CUDA only (about 6 min on 2 cores: one nvcc at a time)
+    python -m bench.static_kernels --no-triton     # CUDA only (about 10 min on 2 cores)
     python -m bench.static_kernels --quick --out D # one small build and variant (the test's mode)
     python -m bench.static_kernels --source-rev REV --no-triton --out D
                                                    # the CUDA kernels of another git revision
 
 CUDA: csrc/cuda/advantages.cu is compiled with bare nvcc to an sm_90 cubin with the flags of
-setup.py's bare-nvcc route (-O3 -std=c++17 --expt-relaxed-constexpr). Builds:
+setup.py's bare-nvcc route (-O3 -std=c++17 --expt-relaxed-constexpr --split-compile=0
+--threads=0). Builds:
   * ``default``: exactly what ships (every estimator and dtype behind run-time switches);
   * ``<estimator>/fp32``: -DBK_STATIC_ESTIMATOR_CODE=<code> -DBK_STATIC_FP32 (opt-in macros of
     advantages.cu; never set by a real build): one estimator, float32, so the compiler drops
@@ -598,7 +599,11 @@ def estimate(per_thread: dict, threads_per_group: float, n: int, elem_bytes: int
 
 # ---------------------------------------------------------------------------------------------- CUDA
 
-NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]  # setup.py's bare-nvcc route
+# setup.py's bare-nvcc route, --split-compile included: nvcc then optimises each kernel on its own,
+# as the shipped builds do (a whole-file compile of the default build once gave its kCentred segment
+# kernels a 1.3 KB stack that no shipped build has), and on every core (the default build: about
+# 7 min on 2 cores instead of 29).
+NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "--split-compile=0", "--threads=0"]
 
 
 def compile_cuda(defines: list[str], out_dir: str, tag: str, csrc: str | None = None) -> tuple[str, str]:

@@ -168,6 +168,23 @@ def test_variant_for_n_follows_the_launcher():
     assert sk.triton_block_for(5) == 8 and sk.triton_block_for(1024) == 1024
 
 
+def test_nvcc_flags_are_the_shipped_ones():
+    """The tool compiles with setup.py's bare-nvcc flags, --split-compile included: a whole-file
+    compile optimises the kernels side by side and once gave kernels a stack no shipped build has."""
+    import ast
+
+    setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    tree = ast.parse(setup)
+    (parallel,) = [ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                   and any(getattr(t, "id", None) == "NVCC_PARALLEL" for t in node.targets)]
+    bare_route = next(node for node in ast.walk(tree)
+                      if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "cmd" for t in node.targets))
+    literals = [e.value for e in bare_route.value.elts if isinstance(e, ast.Constant)]
+    shipped = [f for f in literals if f in ("-O3", "-std=c++17", "--expt-relaxed-constexpr")] + parallel
+    assert sorted(sk.NVCC_FLAGS) == sorted(shipped)
+    assert "--split-compile=0" in sk.NVCC_FLAGS
+
+
 @pytest.mark.skipif(not sk.have_tools(), reason="nvcc or cuobjdump not found")
 def test_quick_run_parses_a_real_cubin(tmp_path):
     assert sk.main(["--quick", "--out", str(tmp_path)]) == 0
