@@ -600,9 +600,9 @@ def estimate(per_thread: dict, threads_per_group: float, n: int, elem_bytes: int
 # ---------------------------------------------------------------------------------------------- CUDA
 
 # setup.py's bare-nvcc route, --split-compile included: nvcc then optimises each kernel on its own,
-# as the shipped builds do (a whole-file compile of the default build once gave its kCentred segment
-# kernels a 1.3 KB stack that no shipped build has), and on every core (the default build: about
-# 7 min on 2 cores instead of 29).
+# as the shipped builds do (a whole-file compile of the default build spilled 5.6-11.4 KB in its
+# kCentred segment kernels, which no shipped build does), and on every core (the default build:
+# 6 min on 2 cores instead of 29).
 NVCC_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "--split-compile=0", "--threads=0"]
 
 

@@ -170,7 +170,7 @@ def test_variant_for_n_follows_the_launcher():
 
 def test_nvcc_flags_are_the_shipped_ones():
     """The tool compiles with setup.py's bare-nvcc flags, --split-compile included: a whole-file
-    compile optimises the kernels side by side and once gave kernels a stack no shipped build has."""
+    compile optimises the kernels side by side, and it spilled in kernels that no shipped build spills."""
     import ast
 
     setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
