@@ -238,7 +238,8 @@ void pack_groups_sized(const scalar_t* v, const scalar_t* d, scalar_t* out, int 
   using Ex = PackExec<W, L, PackStore<W, L, scalar_t>, kFull>;
   Ex ex;
   ex.set_size(n);
-  typename Ex::Vec x, delta, dsum;
+  typename Ex::Vec x, delta;
+  sum_vec_t<Ex> dsum;
   int32_t src[L][W];
   const bool sorted = sorted_pack_takes(p);
   if constexpr (!std::is_same<scalar_t, double>::value) {

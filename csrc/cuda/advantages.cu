@@ -532,10 +532,7 @@ struct Words<DVec<M>> {
 template <int BLOCK, int ITEMS>
 struct BlockExec {
   static constexpr int kWarps = BLOCK / 32;
-  struct Vec {
-    double v[ITEMS];
-    __device__ __forceinline__ double& operator[](int s) { return v[s]; }
-  };
+  using Vec = SlotArray<double, ITEMS>;
   int n;
   int first;  // 0-based rank of this thread's item 0
   int idx[ITEMS];

@@ -62,6 +62,15 @@ BK_HD void walk_slots(int first, int n, bool reverse, T run, Op op, Term term, C
   }
 }
 
+// An executor's per-slot array of fixed width N (the arrays of LaneExec, SegmentExec, PackExec and
+// the CUDA block executor): indices are compile-time constants in unrolled loops, so on the GPU it
+// lives in registers.
+template <class T, int N>
+struct SlotArray {
+  T v[N];
+  BK_HD T& operator[](int s) { return v[s]; }
+};
+
 // Where LaneExec puts a final value: slot s of the sorted group (the caller scatters them).
 template <int W>
 struct SlotValues {
@@ -90,20 +99,14 @@ struct LaneExec : LaneSize<W, kFull> {
   // rewards and deltas only (exact in float); every sum and product is still in double, and so is
   // every array of computed values (SumVec). Half the registers of a double array.
   using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
-  struct Vec {
-    Elem v[W];
-    BK_HD Elem& operator[](int s) { return v[s]; }
-  };
-  struct SumVec {  // values computed in the group (sum_vec_t, group_math.h): double in every set
-    double v[W];
-    BK_HD double& operator[](int s) { return v[s]; }
-  };
+  using Vec = SlotArray<Elem, W>;
+  using SumVec = SlotArray<double, W>;  // values computed in the group (sum_vec_t, group_math.h)
 
   using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
   Sink sink;                    // receives emit(s, value)
 
-  BK_HD void alloc(Vec&) {}
-  BK_HD void alloc(SumVec&) {}
+  template <class Array>
+  BK_HD void alloc(Array&) {}  // Vec or SumVec: fixed arrays, nothing to allocate
 
   template <class F>
   BK_HD void for_each(F f) {

@@ -187,10 +187,8 @@ BK_HD PackDivisor<L> group_divisor(Pack<L> b) { return {b}; }
 template <int W, int L, class Sink, bool kFull = false>
 struct PackExec : LaneExec<W, Sink, kFull> {  // (kFull: groups of exactly W, the masks fold away)
   using Real = Pack<L>;
-  struct Vec {
-    Pack<L> v[W];
-    BK_HD Pack<L>& operator[](int s) { return v[s]; }
-  };
+  using Vec = SlotArray<Pack<L>, W>;
+  using SumVec = Vec;  // packs of doubles already (the base LaneExec's SumVec holds one group)
 
   using LaneExec<W, Sink, kFull>::n;  // group size, 1 <= n <= W (set_size)
 

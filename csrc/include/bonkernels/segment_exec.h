@@ -120,21 +120,15 @@ struct SegmentExec : LaneSize<P * ITEMS, kFull> {
   static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
   // As LaneExec: the float sets hold their inputs in float (float32 rewards and deltas only).
   using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
-  struct Vec {
-    Elem v[ITEMS];
-    BK_HD Elem& operator[](int s) { return v[s]; }
-  };
-  struct SumVec {  // values computed in the group (sum_vec_t, group_math.h): double in every set
-    double v[ITEMS];
-    BK_HD double& operator[](int s) { return v[s]; }
-  };
+  using Vec = SlotArray<Elem, ITEMS>;
+  using SumVec = SlotArray<double, ITEMS>;  // values computed in the group (sum_vec_t, group_math.h)
   using LaneSize<P * ITEMS, kFull>::n;  // group size, 1 <= n <= P * ITEMS (set_size)
   int first;                            // 0-based rank of this lane's slot 0
   Team team;
   Sink sink;
 
-  BK_HD void alloc(Vec&) {}
-  BK_HD void alloc(SumVec&) {}
+  template <class Array>
+  BK_HD void alloc(Array&) {}  // Vec or SumVec: fixed arrays, nothing to allocate
   BK_HD bool valid(int s) const { return kFull || first + s < n; }  // slot s holds a sample
 
   template <class F>
