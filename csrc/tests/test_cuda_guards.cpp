@@ -8,8 +8,9 @@
 //     the group, NaN for a group with a non-finite value;
 //   * the small-group kernel (one thread per group, W = 8, 16, and 32 for float32 and narrower): its lane sorts
 //     (odd-even merge networks on the float rewards with their indices, after a check that refuses
-//     NaN and inf, and on (key, index) pairs for doubles) order every group as std::sort does and are permutations
-//     for any bit patterns; size buckets (bucket_group) give every sample of a batch exactly one
+//     NaN and inf; at W = 32 on packed 32-bit words, with the exact step for rewards that differ
+//     only in the bits the slot replaces; and on (key, index) pairs for doubles) order every group
+//     as std::sort does and are permutations for any bit patterns; size buckets (bucket_group) give every sample of a batch exactly one
 //     writer across the launch's two kernels, for malformed offsets and undersized bounds too; its
 //     clip in single precision after the rounding gives the float of the double clip;
 //   * the checks can fail: the flow before the fix (NaN/inf not pre-checked, stores gated by
@@ -301,6 +302,83 @@ void packed_sort_once(std::mt19937_64& rng, int n) {
   for (int s = 0; s + 1 < W; ++s) expect(s + 1 < n ? packed[s] < packed[s + 1] : packed[s] <= packed[s + 1], "lane_sort_keys ascending", W, s);
 }
 
+// The small-group kernel's packed sort at W = 32 (sort_finite_packed): 32-bit words of the orderable
+// bits with the slot in their low bits. Modes: 0 normal rewards, 1 signed zeros and subnormals,
+// 2 ties among three values, 3 clashes: rewards a few units in the last place apart (they differ
+// only in the bits the slot replaces, so the network alone may leave them out of order and the
+// exact step must run; `clashed` counts the groups where it did).
+template <int W>
+void packed_float_sort_once(std::mt19937_64& rng, int n, int mode, int& clashed) {
+  std::vector<float> f(static_cast<size_t>(n));
+  const float base = float(std::normal_distribution<double>(0.0, 1.0)(rng));
+  for (int i = 0; i < n; ++i) {
+    float v = float(std::normal_distribution<double>(0.0, 1.0)(rng));
+    if (mode == 1) v = rng() % 2 ? (rng() % 2 ? -0.0f : 0.0f) : (rng() % 2 ? -1.0f : 1.0f) * 1e-45f * float(1 + rng() % 3);
+    if (mode == 2) v = float(int(rng() % 3) - 1);
+    if (mode == 3) {
+      uint32_t u;
+      std::memcpy(&u, &base, sizeof(u));
+      u += uint32_t(rng() % (2 * W));  // neighbours of base (same sign, finite)
+      std::memcpy(&v, &u, sizeof(v));
+    }
+    f[size_t(i)] = v;
+  }
+  auto value = [&](int i) { return f[size_t(i)]; };
+  float x[W];
+  int idx[W];
+  // The network and the reload alone: a permutation with the padding last, in order exactly when
+  // it says so.
+  for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : INFINITY;
+  const bool in_order = bk::lane_sort_packed<W>(x, idx, n, value);
+  expect(is_permutation_of_lanes(std::vector<int>(idx, idx + W)), "lane_sort_packed is a permutation of the slots", W, n);
+  bool ascending = true;
+  for (int s = 0; s + 1 < W; ++s) ascending = ascending && !(x[s + 1] < x[s]);
+  expect(in_order == ascending, "lane_sort_packed reports whether its order is right", W, n);
+  if (!in_order) ++clashed;
+  // The whole prologue: refusal, padding, sort (with the exact step when needed).
+  for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : -123.0f;  // garbage past n: padded
+  expect(bk::sort_finite_packed<W>(x, idx, n, true, value), "finite rewards are sorted (packed)", W, n);
+  expect(is_permutation_of_lanes(std::vector<int>(idx, idx + W)), "sort_finite_packed is a permutation of the slots", W, n);
+  std::vector<float> want(f);
+  std::sort(want.begin(), want.end());
+  for (int s = 0; s < W; ++s) {
+    if (s >= n) {
+      expect(idx[s] >= n && x[s] == INFINITY, "the padding sorts last (packed)", W, s);
+      continue;
+    }
+    expect(idx[s] < n && x[s] == f[size_t(idx[s])], "each slot's reward is its sample's (packed)", W, s);
+    expect(x[s] == want[size_t(s)], "sort_finite_packed orders as std::sort", W, s);
+  }
+  // No sort: slots keep their samples. A NaN or inf anywhere: refused.
+  for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : -123.0f;
+  expect(bk::sort_finite_packed<W>(x, idx, n, false, value), "finite rewards, unsorted (packed)", W, n);
+  for (int s = 0; s < W; ++s) expect(idx[s] == s && (s >= n ? x[s] == INFINITY : x[s] == f[size_t(s)]), "no sort: identity (packed)", W, s);
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), nan_max_payload(), std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  for (float b : bad) {
+    for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : -123.0f;
+    x[rng() % uint64_t(n)] = b;
+    expect(!bk::sort_finite_packed<W>(x, idx, n, true, value), "a NaN or inf reward is refused (packed)", W, n);
+  }
+}
+
+// The exact step alone, from any order (not only lane_sort_packed's near-sorted ones).
+template <int W>
+void adjacent_sort_once(std::mt19937_64& rng) {
+  float key[W];
+  int idx[W];
+  std::vector<float> f(W);
+  for (int i = 0; i < W; ++i) {
+    f[size_t(i)] = float(int(rng() % 7) - 3);
+    key[i] = f[size_t(i)];
+    idx[i] = i;
+  }
+  bk::lane_sort_adjacent<W>(key, idx);
+  expect(is_permutation_of_lanes(std::vector<int>(idx, idx + W)), "lane_sort_adjacent is a permutation", W);
+  for (int s = 0; s < W; ++s) expect(key[s] == f[size_t(idx[s])], "lane_sort_adjacent keeps pairs", W, s);
+  for (int s = 0; s + 1 < W; ++s) expect(key[s] <= key[s + 1], "lane_sort_adjacent ascending", W, s);
+}
+
 void test_lane_sorts() {
   std::mt19937_64 rng(20261203);
   for (int trial = 0; trial < 600; ++trial) {
@@ -311,6 +389,17 @@ void test_lane_sorts() {
     packed_sort_once<16>(rng, 1 + int(rng() % 16));
     packed_sort_once<32>(rng, 1 + int(rng() % 32));
   }
+  int clashed = 0, clash_groups = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int mode = trial % 4;
+    clash_groups += mode == 3 ? 2 : 0;  // two groups a trial
+    packed_float_sort_once<32>(rng, 1 + int(rng() % 32), mode, clashed);
+    packed_float_sort_once<8>(rng, 1 + int(rng() % 8), mode, clashed);  // the code is generic in W
+    adjacent_sort_once<32>(rng);
+    adjacent_sort_once<7>(rng);  // odd widths too
+  }
+  // Most clash groups need the exact step (a test that can fail only if the step runs).
+  expect(clashed > clash_groups / 2, "near-equal rewards exercise the exact step", clashed, clash_groups);
 }
 
 // Every sample of a batch gets exactly one writer across the two kernels of a bucketed launch: the

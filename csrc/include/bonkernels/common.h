@@ -19,10 +19,13 @@
 
 #if defined(__CUDACC__)
 #define BK_UNROLL _Pragma("unroll")
+#define BK_NO_UNROLL _Pragma("unroll 1")
 #elif defined(__GNUC__) && !defined(__clang__)
 #define BK_UNROLL _Pragma("GCC unroll 64")
+#define BK_NO_UNROLL _Pragma("GCC unroll 1")
 #else
 #define BK_UNROLL
+#define BK_NO_UNROLL
 #endif
 
 // INFINITY/NAN are float constants: spell them as doubles so templated reductions stay double.

@@ -4,8 +4,8 @@
 // small-group CUDA kernel) the arrays live in registers, and on the host (the CPU kernel's path for
 // small groups) the compiler unrolls and vectorises them. The same per-group code runs in both
 // places, so the CPU tests of the CPU kernel test the GPU's small-group path; only the sort
-// differs (the CPU: lane_sort_keys for floats, sort_pairs for doubles; the GPU: lane_sort_floats and
-// lane_sort_pairs; all host-tested).
+// differs (the CPU: lane_sort_keys for floats, sort_pairs for doubles; the GPU: lane_sort_floats,
+// at W = 32 sort_finite_packed, and lane_sort_pairs; all host-tested).
 //
 // Weight tables: a linear estimator reads the call's bank (tables built once per call on the host
 // and cached, a mixture's or one k's; group_math.h's with_tables); the others (bon_mean,
@@ -194,7 +194,8 @@ BK_HD void odd_even_passes(Exchange& exchange) {
 // Sorts packed (orderable float bits << 32 | index) words ascending (pad past n with ~0): the CPU
 // kernel's variant, where a 64-bit min and max compile to branch-free conditional moves. (On the
 // GPU a 64-bit compare costs two instructions and the compiler emits one per min and per max:
-// the CUDA kernel takes lane_sort_floats.) Indices are distinct, so the order is total.
+// the CUDA kernel takes lane_sort_floats, or at W = 32 sort_finite_packed's 32-bit words.)
+// Indices are distinct, so the order is total.
 template <int W>
 BK_HD void lane_sort_keys(uint64_t* a) {
   auto exchange = [&](int i, int j) {
@@ -240,6 +241,74 @@ BK_HD bool sort_finite_floats(float* key, int* idx, int n, bool sort) {
   }
   if (!finite) return false;
   if (sort) lane_sort_floats<W>(key, idx);
+  return true;
+}
+
+// Sorts finite float rewards ascending on packed 32-bit words: each slot's orderable bits
+// (orderable_f32) with their low log2(W) bits replaced by the slot. An exchange is then one
+// unsigned min and one max, where lane_sort_floats moves a key and an index in five instructions;
+// the index rides in the word. x holds the rewards in slot order, padded with +inf past n (above
+// every finite reward's word). The price of the cleared bits: rewards that agree in every other bit
+// come out in slot order, not by value. So each sorted slot's reward is read again by its source
+// index (value(i), the reward of sample i < n: one load, where carrying x through the network
+// would cost three instructions an exchange), and the order is right exactly when the rewards read
+// back never decrease. Returns that; when false, x and idx hold a permutation of the samples that is
+// sorted except within runs of such near-equal rewards (lane_sort_adjacent finishes it).
+template <int W, class Value>
+BK_HD bool lane_sort_packed(float* x, int* idx, int n, Value value) {
+  static_assert(W >= 2 && (W & (W - 1)) == 0, "lane_sort_packed: W a power of two");
+  constexpr uint32_t kSlotBits = uint32_t(W - 1);
+  uint32_t word[W];
+  BK_UNROLL
+  for (int i = 0; i < W; ++i) word[i] = (orderable_f32(x[i]) & ~kSlotBits) | uint32_t(i);
+  auto exchange = [&](int i, int j) {
+    const uint32_t a = word[i], b = word[j];
+    word[i] = a < b ? a : b;
+    word[j] = a < b ? b : a;
+  };
+  odd_even_passes<W, 1, 1>(exchange);
+  bool decreased = false;
+  BK_UNROLL
+  for (int s = 0; s < W; ++s) {
+    idx[s] = int(word[s] & kSlotBits);
+    x[s] = s < n ? value(idx[s]) : INFINITY;  // the padding sorts last: slots n..W-1
+    if (s > 0) decreased = decreased | (x[s] < x[s - 1]);
+  }
+  return !decreased;
+}
+
+// Odd-even transposition rounds over (key, index) pairs until no pair moves: exact for any order
+// within W rounds, and one round for an order that is already right. The rare second step of
+// lane_sort_packed, so a loop that is not unrolled (one round of code, not W).
+template <int W>
+BK_HD void lane_sort_adjacent(float* key, int* idx) {
+  BK_NO_UNROLL
+  for (int round = 0; round < W; ++round) {
+    bool moved = false;
+    auto exchange = [&](int i) {
+      const float a = key[i], b = key[i + 1];
+      const int ia = idx[i], ib = idx[i + 1];
+      const bool swap = b < a;
+      key[i] = swap ? b : a;
+      key[i + 1] = swap ? a : b;
+      idx[i] = swap ? ib : ia;
+      idx[i + 1] = swap ? ia : ib;
+      moved = moved | swap;
+    };
+    BK_UNROLL
+    for (int i = 0; i + 1 < W; i += 2) exchange(i);
+    BK_UNROLL
+    for (int i = 1; i + 1 < W; i += 2) exchange(i);
+    if (!moved) return;
+  }
+}
+
+// sort_finite_floats with the packed sort (lane_sort_packed, then lane_sort_adjacent when two
+// near-equal rewards came out of order); value(i) reads sample i's reward again, as x[i] holds it.
+template <int W, class Value>
+BK_HD bool sort_finite_packed(float* x, int* idx, int n, bool sort, Value value) {
+  if (!sort_finite_floats<W>(x, idx, n, false)) return false;
+  if (sort && !lane_sort_packed<W>(x, idx, n, value)) lane_sort_adjacent<W>(x, idx);
   return true;
 }
 
