@@ -365,11 +365,12 @@ void packed_float_sort_once(std::mt19937_64& rng, int n, int mode, int& clashed)
 // The exact step alone, from any order (not only lane_sort_packed's near-sorted ones).
 template <int W>
 void adjacent_sort_once(std::mt19937_64& rng) {
+  const bool reversed = rng() % 8 == 0;
   float key[W];
   int idx[W];
   std::vector<float> f(W);
   for (int i = 0; i < W; ++i) {
-    f[size_t(i)] = float(int(rng() % 7) - 3);
+    f[size_t(i)] = reversed ? float(W - i) : float(int(rng() % 7) - 3);  // reversed: the most rounds
     key[i] = f[size_t(i)];
     idx[i] = i;
   }

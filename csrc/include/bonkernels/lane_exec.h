@@ -277,29 +277,27 @@ BK_HD bool lane_sort_packed(float* x, int* idx, int n, Value value) {
   return !decreased;
 }
 
-// Odd-even transposition rounds over (key, index) pairs until no pair moves: exact for any order
-// within W rounds, and one round for an order that is already right. The rare second step of
-// lane_sort_packed, so a loop that is not unrolled (one round of code, not W).
+// Odd-even transposition over (key, index) pairs: W phases, alternately the pairs from slot 0 and
+// from slot 1, sort any order (W / 2 rounds of both). The rare second step of lane_sort_packed, so
+// a loop that is not unrolled (one round of code, not W / 2) and without an early exit (a flag per
+// exchange would lengthen the one round the static estimate counts).
 template <int W>
 BK_HD void lane_sort_adjacent(float* key, int* idx) {
+  auto exchange = [&](int i) {
+    const float a = key[i], b = key[i + 1];
+    const int ia = idx[i], ib = idx[i + 1];
+    const bool swap = b < a;
+    key[i] = swap ? b : a;
+    key[i + 1] = swap ? a : b;
+    idx[i] = swap ? ib : ia;
+    idx[i + 1] = swap ? ia : ib;
+  };
   BK_NO_UNROLL
-  for (int round = 0; round < W; ++round) {
-    bool moved = false;
-    auto exchange = [&](int i) {
-      const float a = key[i], b = key[i + 1];
-      const int ia = idx[i], ib = idx[i + 1];
-      const bool swap = b < a;
-      key[i] = swap ? b : a;
-      key[i + 1] = swap ? a : b;
-      idx[i] = swap ? ib : ia;
-      idx[i + 1] = swap ? ia : ib;
-      moved = moved | swap;
-    };
+  for (int round = 0; round < (W + 1) / 2; ++round) {
     BK_UNROLL
     for (int i = 0; i + 1 < W; i += 2) exchange(i);
     BK_UNROLL
     for (int i = 1; i + 1 < W; i += 2) exchange(i);
-    if (!moved) return;
   }
 }
 
