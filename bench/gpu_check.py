@@ -18,6 +18,8 @@ What runs (each section in a fresh interpreter, so one crashed CUDA context lose
   <=8, <=16, <=32, <=256, (256, 512], (512, 1024], (1024, 2048], (2048, 4096], launched at each
   bucket's bound and without a hint), float64/float32 (float16/bfloat16 on a subset), both scales,
   finite clips, eps=0, small_groups zero/clamp; outputs poisoned, with guard zones around them.
+  Rewards are normal draws, ties, or values a few float32 ulps apart (they reach the exact step
+  after the small-group kernel's packed sort at n = 17..32).
 * triton: every Triton block size (8 .. 4096) and dtype, the same comparisons.
 * adversarial-native / adversarial-triton (checks off): the NaN contract (a group with a NaN/inf
   reward or delta is NaN everywhere, the others exact), malformed offsets (negative, decreasing,
@@ -263,10 +265,15 @@ class Ctx:
             v = (torch.rand(N, generator=self.gen, dtype=torch.float64) < 0.4).double()
         elif est.name == "maxrl":  # rewards >= 0
             v = torch.rand(N, generator=self.gen, dtype=torch.float64) * 2
-        elif torch.rand(1, generator=self.gen).item() < 0.25:  # ties
-            v = torch.randint(0, 4, (N,), generator=self.gen).double() / 4
         else:
-            v = torch.randn(N, generator=self.gen, dtype=torch.float64)
+            u = torch.rand(1, generator=self.gen).item()
+            if u < 0.25:  # ties
+                v = torch.randint(0, 4, (N,), generator=self.gen).double() / 4
+            elif u < 0.4:  # a few float32 ulps apart: the packed sort's exact step (groups of 17..32)
+                base = 1.0 + torch.rand(1, generator=self.gen, dtype=torch.float64)
+                v = base * (1.0 + torch.randint(0, 96, (N,), generator=self.gen).double() * 2.0**-23)
+            else:
+                v = torch.randn(N, generator=self.gen, dtype=torch.float64)
         return v.to(dtype)
 
     def batch(self, sizes, est, dtype):

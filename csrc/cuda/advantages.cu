@@ -782,7 +782,7 @@ __device__ __forceinline__ void load_sorted_f64(bool sort, Ex& ex, typename Ex::
 }
 
 // The narrowest lane width that sorts packed words (lane_sort_packed). sm_90, maxk_loo1 at
-// W = 32: 2,037 instructions a thread with lane_sort_floats, 1,790 with the packed words when no
+// W = 32: 2,037 instructions a thread with lane_sort_floats, 1,779 with the packed words when no
 // rewards clash (the rare exact step's one round of code, which the static estimate counts once,
 // adds 175). At W = 16 the packed words save about 50 and that round costs about 90.
 constexpr int kPackedSortMinWidth = 32;

@@ -235,7 +235,7 @@ BK_HD bool sort_finite_floats(float* key, int* idx, int n, bool sort) {
   bool finite = true;
   BK_UNROLL
   for (int i = 0; i < W; ++i) {
-    if (i < n) finite = finite && ::fabsf(key[i]) < INFINITY;
+    if (i < n) finite = finite & (::fabsf(key[i]) < INFINITY);  // &: no branch per slot
     else key[i] = INFINITY;
     idx[i] = i;
   }
