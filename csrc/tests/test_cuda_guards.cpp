@@ -10,9 +10,10 @@
 //     (odd-even merge networks on the float rewards with their indices, after a check that refuses
 //     NaN and inf; at W = 32 on packed 32-bit words, with the exact step for rewards that differ
 //     only in the bits the slot replaces; and on (key, index) pairs for doubles) order every group
-//     as std::sort does and are permutations for any bit patterns; size buckets (bucket_group) give every sample of a batch exactly one
-//     writer across the launch's two kernels, for malformed offsets and undersized bounds too; its
-//     clip in single precision after the rounding gives the float of the double clip;
+//     as std::sort does and are permutations for any bit patterns; size buckets (bucket_group)
+//     give every sample of a batch exactly one writer across the launch's two kernels, for
+//     malformed offsets and undersized bounds too; its clip in single precision after the
+//     rounding gives the float of the double clip;
 //   * the checks can fail: the flow before the fix (NaN/inf not pre-checked, stores gated by
 //     sorted position only) is run through the same checks and must be caught writing outside the
 //     group or leaving samples unwritten.
