@@ -195,9 +195,11 @@ CUDA_VARIANTS = (
 )
 
 
-# The float32 calls the launcher sends to thread_kernel<32> (group_math.h's LaneCalls::kWide: grpo,
-# and maxk, passk, maxk_loo1 with their bank, which the estimator builds have); every other call,
-# and a build for every call ("default"), takes segment_kernel<2> there.
+# The estimators of group_math.h's LaneCalls::kWide (grpo, and maxk, passk, maxk_loo1 with their
+# bank, which the estimator builds have). The launcher sends those float32 calls to
+# thread_kernel<32>, except the ones it sends to kCentred first (grpo: its kCentred small-group and
+# segment kernels); every other call, and a build for every call ("default"), takes
+# segment_kernel<2> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
 # The float32 calls it sends to the kCentred instantiations of the small-group and segment kernels;
 # the other WIDE_LANE_BUILDS go to their kWide instantiations.
@@ -218,7 +220,7 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
     off_policy = est is not None and est.needs_deltas
     for v in CUDA_VARIANTS:
         if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
-            if v.name == "thread_kernel<32>" and build is not None and build not in WIDE_LANE_BUILDS:
+            if v.name == "thread_kernel<32>" and build is not None and (build not in WIDE_LANE_BUILDS or build in CENTRED_LANE_BUILDS):
                 continue
             if v.name.endswith(",offwide>") and build not in OFF_WIDE_BUILDS:
                 continue
