@@ -220,7 +220,8 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
     off_policy = est is not None and est.needs_deltas
     for v in CUDA_VARIANTS:
         if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
-            if v.name == "thread_kernel<32>" and build is not None and (build not in WIDE_LANE_BUILDS or build in CENTRED_LANE_BUILDS):
+            wide_call = build in WIDE_LANE_BUILDS and build not in CENTRED_LANE_BUILDS
+            if v.name == "thread_kernel<32>" and build is not None and not wide_call:
                 continue
             if v.name.endswith(",offwide>") and build not in OFF_WIDE_BUILDS:
                 continue

@@ -1,7 +1,7 @@
 """How often the packed sort's exact step runs: the share of groups whose float32 rewards include
 two that agree in every orderable bit above the log2(W) bits the slot replaces but differ below
 them (lane_sort_packed then reports kNearEqual), and the share of warps of 32 groups (one group a
-thread) holding at least one such group. numpy only; about 20 s.
+thread) holding at least one such group. numpy only; a few seconds.
 
     python bench/results/static_sm90_thread64_prototype/clash_rates.py
 """
@@ -9,7 +9,7 @@ import numpy as np
 
 
 def near_equal_share(x: np.ndarray) -> float:
-    G, W = x.shape
+    W = x.shape[1]
     u = x.view(np.uint32)
     orderable = np.where(u >> 31, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
     high = orderable >> np.uint32(W.bit_length() - 1)  # the bits the word keeps
