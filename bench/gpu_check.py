@@ -60,10 +60,13 @@ LOG_FILE = None
 
 # Bound of each CUDA kernel shape (csrc/cuda/advantages.cu) and group sizes inside its bucket; the
 # last entries mix small and large groups under one bound (the launcher's two kernels, size buckets).
-CUDA_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 31, 32)), (64, (33, 50, 64)), (128, (65, 100, 128)),
-                (256, (129, 200, 256)),
+# At 64 the kWide calls run groups of exactly 64 one per thread: (64,) gives that kernel whole
+# blocks of them, (1, 5, 16, 63, 64) mixes them with the segment kernel's.
+CUDA_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 31, 32)), (64, (33, 50, 64)), (64, (64,)),
+                (128, (65, 100, 128)), (256, (129, 200, 256)),
                 (512, (257, 300, 512)), (1024, (513, 700, 1024)), (2048, (1025, 1500, 2048)),
-                (4096, (2049, 4096)), (32, (3, 16, 17, 32)), (256, (1, 8, 13, 16, 17, 64, 256)))
+                (4096, (2049, 4096)), (32, (3, 16, 17, 32)), (64, (1, 5, 16, 63, 64)),
+                (256, (1, 8, 13, 16, 17, 64, 256)))
 QUICK_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 32)), (64, (33, 64)), (256, (33, 100)), (512, (257, 300)),
                  (64, (5, 16, 17, 64)))
 # Child processes per Triton section on a GPU (4 triton + 4 adversarial-triton children beside the others;
@@ -1034,7 +1037,8 @@ def time_calls(fn, device, warmup=5, repeats=25):
 def section_timing(ctx):
     torch = ctx.torch
     device = ctx.device
-    cells = [(1024, 16), (65536, 16), (1 << 20, 16), (4096, 300), (4096, 4096)] if ctx.cuda else [(1024, 16), (64, 1024)]
+    cells = ([(1024, 16), (65536, 16), (1 << 20, 16), (1 << 18, 64), (4096, 300), (4096, 4096)] if ctx.cuda
+             else [(1024, 16), (64, 1024)])
     if ctx.quick:
         cells = [(256, 16), (64, 256)]
     rows = []

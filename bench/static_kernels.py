@@ -161,8 +161,8 @@ class CudaVariant:
 # 2026-12-06), "off" (kAll, which the launcher sends the other off-policy calls; older revisions:
 # template argument true), "centred" (kCentred: grpo, rloo, dr_grpo and maxrl on float32 rewards),
 # "wide" (kWide at W = 8 and 16: maxk, passk and maxk_loo1 from a bank on float32 rewards) and the
-# plain name for the others (kOnPolicy, or kWide at W = 32; older revisions: false, or one kernel
-# for all). The segment kernel likewise: "centred", "wide", "offwide" and the plain name for kAll
+# plain name for the others (kOnPolicy, or kWide at W = 32 and 64; older revisions: false, or one
+# kernel for all). The segment kernel likewise: "centred", "wide", "offwide" and the plain name for kAll
 # (older revisions: one kernel for all).
 CUDA_VARIANTS = (
     CudaVariant("thread_kernel<8,offwide>", "thread_kernelILi8ELNS_9LaneCallsE4EE", 128, 1, 1, 8),
@@ -177,6 +177,8 @@ CUDA_VARIANTS = (
     CudaVariant("thread_kernel<16>", "thread_kernelILi16E(Lb0E|LNS_9LaneCallsE1E)?E", 128, 1, 9, 16),
     CudaVariant("thread_kernel<32>", "thread_kernelILi32E(Lb0E|LNS_9LaneCallsE2E)?E", 128, 1, 17, 32),
     CudaVariant("thread_kernel<32,offwide>", "thread_kernelILi32ELNS_9LaneCallsE4EE", 128, 1, 17, 32),
+    # kWide: the groups of exactly 64 (the segment kernel takes the smaller ones of the launch)
+    CudaVariant("thread_kernel<64>", "thread_kernelILi64ELNS_9LaneCallsE2EE", 128, 1, 64, 64),
     *(CudaVariant(f"segment_kernel<{lanes}{suffix}>", f"segment_kernelILi{lanes}E{calls}E", 128, lanes,
                   lo, hi)
       for lanes, lo, hi in ((2, 17, 32), (4, 33, 64), (8, 65, 128), (16, 129, 256), (32, 257, 512))
@@ -197,9 +199,9 @@ CUDA_VARIANTS = (
 
 # The estimators of group_math.h's LaneCalls::kWide (grpo, and maxk, passk, maxk_loo1 with their
 # bank, which the estimator builds have). The launcher sends those float32 calls to
-# thread_kernel<32>, except the ones it sends to kCentred first (grpo: its kCentred small-group and
-# segment kernels); every other call, and a build for every call ("default"), takes
-# segment_kernel<2> there.
+# thread_kernel<32> and, for groups of exactly 64, thread_kernel<64>, except the ones it sends to
+# kCentred first (grpo: its kCentred small-group and segment kernels); every other call, and a
+# build for every call ("default"), takes segment_kernel<2> and <4> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
 # The float32 calls it sends to the kCentred instantiations of the small-group and segment kernels;
 # the other WIDE_LANE_BUILDS go to their kWide instantiations.
@@ -212,8 +214,10 @@ OFF_WIDE_BUILDS = ("maxk_offpolicy/fp32",)
 def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVariant:
     """The kernel the launcher runs for the groups of a batch with max_group_size = n, among the
     variants ``present`` in a build (default: all), for the call of ``build`` (None: a wide-lane
-    call that no centred instantiation takes, such as maxk_loo1). With n > 16 the size-bucketed launcher also starts the small-group kernel, which then
-    only reads two offsets per group and skips it: the estimate leaves that out."""
+    call that no centred instantiation takes, such as maxk_loo1). With n > 16 the size-bucketed
+    launcher also starts a second kernel (the small-group kernel; at n = 64 for a wide-lane call,
+    the segment kernel), which then only reads two offsets per group and skips it: the estimate
+    leaves that out."""
     from bonkernels import estimators
     # the estimators with deltas: the launcher sends them to the "off" instantiations
     est = estimators.REGISTRY.get(build.split("/")[0]) if build is not None else None
@@ -221,7 +225,7 @@ def cuda_variant_for(n: int, present=None, build: str | None = None) -> CudaVari
     for v in CUDA_VARIANTS:
         if v.n_lo <= n <= v.n_hi and (present is None or v.name in present):
             wide_call = build in WIDE_LANE_BUILDS and build not in CENTRED_LANE_BUILDS
-            if v.name == "thread_kernel<32>" and build is not None and not wide_call:
+            if v.name in ("thread_kernel<32>", "thread_kernel<64>") and build is not None and not wide_call:
                 continue
             if v.name.endswith(",offwide>") and build not in OFF_WIDE_BUILDS:
                 continue

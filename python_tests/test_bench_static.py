@@ -146,9 +146,14 @@ def test_variant_for_n_follows_the_launcher():
     # the calls a wide lane does not take, and a build for every call, run the 2-lane segment kernel
     assert sk.cuda_variant_for(32, build="default").name == "segment_kernel<2>"
     assert sk.cuda_variant_for(32, build="rloo/fp32").name == "segment_kernel<2,centred>"
-    # above 32 the segment kernel has the same float-set instantiations (an older build: one kernel)
-    assert sk.cuda_variant_for(64).name == "segment_kernel<4,wide>"
-    assert sk.cuda_variant_for(64, build="maxk_loo1/fp32").name == "segment_kernel<4,wide>"
+    # groups of exactly 64 of a wide-lane call run one per thread; below 64 (and on a build
+    # without that kernel) the segment kernel has the same float-set instantiations (an older
+    # build: one kernel)
+    assert sk.cuda_variant_for(64).name == "thread_kernel<64>"
+    assert sk.cuda_variant_for(64, build="maxk_loo1/fp32").name == "thread_kernel<64>"
+    assert sk.cuda_variant_for(63, build="maxk_loo1/fp32").name == "segment_kernel<4,wide>"
+    assert sk.cuda_variant_for(48).name == "segment_kernel<4,wide>"
+    assert sk.cuda_variant_for(64, {"segment_kernel<4,wide>"}, build="maxk_loo1/fp32").name == "segment_kernel<4,wide>"
     assert sk.cuda_variant_for(64, build="grpo/fp32").name == "segment_kernel<4,centred>"
     assert sk.cuda_variant_for(64, build="maxk_offpolicy/fp32").name == "segment_kernel<4,offwide>"
     assert sk.cuda_variant_for(64, build="default").name == "segment_kernel<4>"

@@ -7,7 +7,8 @@
 //                network on the float rewards with their indices (float64: on (key, index) pairs);
 //                the samples staged through a shared-memory tile (coalesced copies in and out);
 //                one instantiation per set of calls (LaneCalls below), so that the lighter calls
-//                hold fewer registers and get more warps per SM; every launch starts with it;
+//                hold fewer registers and get more warps per SM; every launch but one (below)
+//                starts with it;
 //   * n <= 32:   float32 rewards and a call a wide lane takes (grpo; maxk, pass@k, maxk_loo1
 //                from a bank: kWide; maxk_offpolicy from a bank: kWideOffPolicy):
 //                thread_kernel<32> for all the groups of the launch, its inputs in float arrays;
@@ -15,6 +16,10 @@
 //                17..32 samples (segment_exec.h): 2 lanes per group, 16 ranks per lane in
 //                registers, each lane's slots sorted by the odd-even network and merged across
 //                lanes by shuffles, the lane executor's serial scans carried across lanes;
+//   * n <= 64:   float32 rewards and a kWide call: the segment kernel below (4 lanes) first, for
+//                every group of fewer than 64 samples, then thread_kernel<64> for the groups of
+//                exactly 64 (every group of a [G, 64] batch; packed sort words, as at 32, and the
+//                bank's block for 64 staged in shared memory); otherwise as below, with 4 lanes;
 //   * n <= 512:  the same with 4, 8, 16 or 32 lanes per group (segment_kernel<P>, 16 P samples);
 //                the segment kernel is instantiated per set of calls too (kAll and the float sets)
 //                and stages its samples through a shared-memory tile as well;
@@ -143,21 +148,22 @@ __device__ __forceinline__ double clamp_tile_delta(int dtype, float d, const Par
 // (copy_round_slot). Each round's load, store and slot are constant offsets from the first, and
 // the rounds' loads can all be in flight at once. kRounds must cover the thread's positions
 // (host-tested: W or 16 items a thread).
-template <int kRounds, int kStep, class Move>
+template <int kRounds, int kStep, class Move, int kLineBits = 5>
 __device__ __forceinline__ void copy_rounds(const TileCopy& c, Move move) {
-  const int slot0 = tile_slot(c.at + c.first);
+  const int slot0 = tile_slot(c.at + c.first, kLineBits);
   const int left = c.len - c.first;  // one compare with a constant per round
   BK_UNROLL
   for (int r = 0; r < kRounds; ++r)
-    if (r * kStep < left) move(c.first + r * kStep, copy_round_slot(slot0, r, kStep));
+    if (r * kStep < left) move(c.first + r * kStep, copy_round_slot(slot0, r, kStep, kLineBits));
 }
 
 // A kernel's copy: the whole block's span strides by the block (kBlockStep), a group's own copy by
-// kOwnStep (1 or P): the steps thread_copy and segment_copy (guards.h) give.
-template <int kRounds, int kBlockStep, int kOwnStep, class Move>
+// kOwnStep (1 or P): the steps thread_copy and segment_copy (guards.h) give; kLineBits: the tile's
+// lines (tile_slot).
+template <int kRounds, int kBlockStep, int kOwnStep, int kLineBits = 5, class Move>
 __device__ __forceinline__ void copy_tile(bool whole_block, const TileCopy& c, Move move) {
-  if (whole_block) copy_rounds<kRounds, kBlockStep>(c, move);
-  else copy_rounds<kRounds, kOwnStep>(c, move);
+  if (whole_block) copy_rounds<kRounds, kBlockStep, Move, kLineBits>(c, move);
+  else copy_rounds<kRounds, kOwnStep, Move, kLineBits>(c, move);
 }
 
 // ----------------------------------------------------------------------------- shuffles of scan values
@@ -442,7 +448,7 @@ template <int P, LaneCalls C>
 __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()))
     segment_kernel(int dtype, const void* __restrict__ values, const int64_t* __restrict__ offsets,
                    const void* __restrict__ deltas, void* __restrict__ out, int64_t num_groups, int64_t total,
-                   Params p, int n_lo) {
+                   Params p, int n_lo, int n_hi) {
   BK_STATIC_SPECIALISE(dtype, p);
   if constexpr (lane_arrays_in_float(C)) dtype = BK_FLOAT32;  // (the launcher sends float32 only)
   constexpr int cap = P * kSegmentItems;
@@ -453,10 +459,11 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
   const int lane32 = threadIdx.x & 31;
   const int lane = lane32 % P;
   const unsigned mask = (P == 32) ? 0xffffffffu : (((1u << P) - 1u) << (lane32 - lane));
-  // Always the launch's second kernel (n_lo = 16): the small-group kernel NaN-fills the malformed
-  // and oversized groups, this one computes or skips (bucket_group).
+  // Sizes (n_lo, n_hi] (bucket_group): mostly the launch's second kernel (n_lo = 16, n_hi = cap),
+  // after the small-group kernel has NaN-filled the malformed and oversized groups; for the kWide
+  // calls at cap 64 the first (n_lo = 0, n_hi = 63), which NaN-fills them itself.
   const int64_t begin = live ? offsets[g] : 0, end = live ? offsets[g + 1] : 0;
-  const GroupSpan span = live ? bucket_group(begin, end, total, n_lo, cap, cap) : GroupSpan{0, 0, GROUP_SKIP};
+  const GroupSpan span = live ? bucket_group(begin, end, total, n_lo, n_hi, cap) : GroupSpan{0, 0, GROUP_SKIP};
   const bool compute = span.action == GROUP_COMPUTE;  // uniform per segment
   const int n = int(span.hi - span.lo);
 
@@ -466,7 +473,7 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
   __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1) + 1 : 1];
   const bool stage_deltas = kDeltaTile && needs_deltas(p.code) && deltas != nullptr;
   const bool in_tile = lane_arrays_in_float(C) || dtype != BK_FLOAT64;  // uniform
-  const bool whole_block = __syncthreads_and(!live || segment_tile_fits(begin, end, total, n_lo, cap));
+  const bool whole_block = __syncthreads_and(!live || segment_tile_fits(begin, end, total, n_lo, n_hi));
   // The copied span: the block's (coalesced, every thread) or the segment's own group (its lanes).
   const int64_t block_lo = whole_block ? offsets[g0] : 0;
   const int64_t block_hi = whole_block ? offsets[num_groups - g0 < kGroups ? num_groups : g0 + kGroups] : 0;
@@ -476,6 +483,8 @@ __global__ void __launch_bounds__(kSegmentBlock, (segment_kernel_min_blocks<C>()
     tile[slot] = float(load_value(dtype, values, copy.lo + i));
     if (stage_deltas) delta_tile[slot] = float(load_value(dtype, deltas, copy.lo + i));
   };
+  // A group to NaN-fill (first kernel only) keeps its block off the tile: its lanes write it.
+  if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, lane, P);
   copy_tile<kSegmentItems, kSegmentBlock, P>(whole_block, copy, copy_in);
   if (whole_block) __syncthreads();
   else __syncwarp(mask);
@@ -684,11 +693,13 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 
 // ----------------------------------------------------------------------------- small-group kernel
 
-// Group sizes the small-group kernel takes: up to 16 for every call, and up to 32 for float32
-// rewards and the LaneCalls::kWide and kWideOffPolicy calls (group_math.h). Wider than 16, float64
-// (key, index) pairs and the other estimators' extra arrays would not fit in registers.
+// Group sizes the small-group kernel takes: up to 16 for every call, up to 32 for float32 rewards
+// and the LaneCalls::kWide and kWideOffPolicy calls (group_math.h), and exactly 64 for float32
+// rewards and the kWide calls (thread_bucket_lo, guards.h). Wider than 16, float64 (key, index)
+// pairs and the other estimators' extra arrays would not fit in registers; at 64, neither would
+// kWideOffPolicy's deltas and their prefix sums (sm_90: about 550 bytes of spills).
 constexpr int kThreadKernelMax = 16;
-constexpr int kThreadKernelMaxWide = 32;
+constexpr int kThreadKernelMaxWide = 64;
 
 // The small-group kernel is instantiated for sets of calls (LaneCalls, group_math.h), each with
 // only its calls' code and so with the registers of its own most demanding path (a kernel holds
@@ -696,7 +707,8 @@ constexpr int kThreadKernelMaxWide = 32;
 // per SM). The launcher picks one per call (small_group_kernel): at W = 8 and 16, kCentred for
 // grpo, rloo, dr_grpo and maxrl on float32 rewards, kWide for maxk, passk and maxk_loo1 from a bank
 // on float32 rewards, kWideOffPolicy for maxk_offpolicy from a bank on float32 rewards, kAll for
-// the other off-policy calls and kOnPolicy for every other call; at W = 32, kWide or kWideOffPolicy.
+// the other off-policy calls and kOnPolicy for every other call; at W = 32, kWide or
+// kWideOffPolicy; at W = 64, kWide.
 
 // Where a thread's group lives. GlobalGroup: in the tensors (float64; index i of the group is
 // element lo + i). TileGroup: float32, float16 and bfloat16 samples as floats in the block's
@@ -719,12 +731,14 @@ struct GlobalGroup {
   __device__ __forceinline__ void store_float(int i, float f) const { store_rounded(dtype, out, lo + i, f); }
   __device__ __forceinline__ bool in_one_line(int) const { return true; }
   __device__ __forceinline__ GlobalGroup one_line() const { return *this; }
+  static constexpr const double* full_bank = nullptr;  // (the tile kernels' staged block)
 };
 
 // kOneLine: the group lies in one line of the tile (tile_in_one_line, guards.h: every group of a
-// [G, n] batch, n = 8, 16 or 32), so sample i sits at tile_slot(base) + i: constant offsets from
-// one address instead of three instructions of slot arithmetic per sample.
-template <bool kOneLine>
+// [G, n] batch, n = 8, 16, 32 or 64), so sample i sits at tile_slot(base) + i: constant offsets
+// from one address instead of three instructions of slot arithmetic per sample. kLineBits: the
+// tile's lines (tile_slot: 32 samples, or 64 at W = 64).
+template <bool kOneLine, int kLineBits = 5>
 struct TileGroupAt {
   static constexpr bool kMayBeF64 = false;
   float* tile;          // rewards in, advantages out (rounded to the dtype, clipped): each thread
@@ -732,17 +746,22 @@ struct TileGroupAt {
   const float* deltas;  // the deltas' tile (off-policy calls)
   int base;             // the group's first tile position (before tile_slot)
   int dtype;            // of the tensors: the delta clamp rounds to it
-  __device__ __forceinline__ int slot(int i) const { return kOneLine ? tile_slot(base) + i : tile_slot(base + i); }
+  const double* full_bank;  // the call's bank block for groups of W samples in shared memory, or
+                            // null (stage_full_bank)
+  __device__ __forceinline__ int slot(int i) const {
+    return kOneLine ? tile_slot(base, kLineBits) + i : tile_slot(base + i, kLineBits);
+  }
   __device__ __forceinline__ int type() const { return dtype; }
   __device__ __forceinline__ double value(int i) const { return double(tile[slot(i)]); }
   __device__ __forceinline__ double f64(int) const { return 0.0; }  // never called: no float64 tile
   __device__ __forceinline__ double delta(int i, const Params& p) const { return clamp_tile_delta(dtype, deltas[slot(i)], p); }
   __device__ __forceinline__ void store(int i, double v) const { tile[slot(i)] = float(v); }
   __device__ __forceinline__ void store_float(int i, float f) const { tile[slot(i)] = f; }
-  __device__ __forceinline__ bool in_one_line(int n) const { return tile_in_one_line(base, n); }
-  __device__ __forceinline__ TileGroupAt<true> one_line() const { return {tile, deltas, base, dtype}; }
+  __device__ __forceinline__ bool in_one_line(int n) const { return tile_in_one_line(base, n, kLineBits); }
+  __device__ __forceinline__ TileGroupAt<true, kLineBits> one_line() const { return {tile, deltas, base, dtype, full_bank}; }
 };
-using TileGroup = TileGroupAt<false>;
+template <int kLineBits>
+using TileGroup = TileGroupAt<false, kLineBits>;
 
 // Where the lane executor's final values go on the device: to the group's output, by source index,
 // clipped on the way (kClipsOnStore: in single precision after the rounding for the narrow types,
@@ -814,6 +833,7 @@ template <int W, bool kFull, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group(const Group& group, bool off_policy, const Params& p, int n) {
   using Ex = LaneExec<W, OutputSink<W, kFull, C, Group>, kFull>;
   Ex ex;
+  if constexpr (kFull && W == kThreadKernelMaxWide) ex.staged_bank = group.full_bank;
   ex.set_size(n);
   ex.sink.n = n;
   ex.sink.group = group;
@@ -845,11 +865,17 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
 
 // A group that fills the W slots and lies in one line of the tile (every group of a [G, n] batch;
 // the static analysis build assumes it) runs with the size a compile-time constant and constant
-// tile offsets; any other group runs the general copy.
+// tile offsets; any other group runs the general copy. At W = 64 every group is such a group
+// (thread_bucket_lo, thread_tile_fits: guards.h; host-tested), and the general copy, which spilled
+// (sm_90: 132-264 bytes), is not compiled.
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_sized(const Group& group, bool off_policy, const Params& p, int n) {
-  if (kStaticFullGroups || (n == W && group.in_one_line(n))) thread_group<W, true, C>(group.one_line(), off_policy, p, n);
-  else thread_group<W, false, C>(group, off_policy, p, n);
+  if constexpr (W == kThreadKernelMaxWide) {
+    thread_group<W, true, C>(group.one_line(), off_policy, p, n);
+  } else {
+    if (kStaticFullGroups || (n == W && group.in_one_line(n))) thread_group<W, true, C>(group.one_line(), off_policy, p, n);
+    else thread_group<W, false, C>(group, off_policy, p, n);
+  }
 }
 
 // thread_group_sized as call_per_code's body.
@@ -866,10 +892,11 @@ struct ThreadGroupBody {
 // holds the registers of its heaviest branch, and one copy for several estimators holds more than
 // any of them alone (sm_90, W = 16: kCentred 144 registers as one copy, 94 as one per estimator;
 // kWide spilled at 128 as one copy). At W = 32 one copy (the per-estimator copies would not fit
-// more blocks).
+// more blocks). At W = 64 one per estimator again: one copy for maxk, passk and maxk_loo1 took all
+// 255 registers and spilled (sm_90: 4.6 KB).
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_call(const Group& group, bool off_policy, const Params& p, int n) {
-  if constexpr (lane_arrays_in_float(C) && W <= kThreadKernelMax) {
+  if constexpr (lane_arrays_in_float(C) && (W <= kThreadKernelMax || W == kThreadKernelMaxWide)) {
     const bool done = call_per_code<C>(p, ThreadGroupBody<W, C, Group>{group, off_policy, n});
     if (!done)  // the launcher sends no other call here; NaN, as compute_group refuses one
       for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
@@ -879,6 +906,21 @@ __device__ __forceinline__ void thread_group_call(const Group& group, bool off_p
 }
 
 constexpr int kThreadBlock = 128;
+
+// The bank block of the groups that fill thread_kernel<W> (n = W, every group of a [G, W] batch),
+// copied by the block's threads into `staged` (5 W + 1 doubles); null, with nothing copied, when
+// the call has no bank or no well-formed block for W (with_tables' checks). The caller's next
+// barrier publishes it. At W = 64 the lane executor then reads its tables from shared memory
+// (LaneExec::staged_bank): from global memory, nvcc hoisted about 128 of those loads ahead of
+// their use and spilled (sm_90, maxk_loo1: 8 bytes at 254 registers; staged: 242, none).
+template <int W>
+__device__ __forceinline__ const double* stage_full_bank(const Params& p, double* staged) {
+  if (p.bank == nullptr || int64_t(W) >= p.bank_index_len) return nullptr;
+  const int64_t b = p.bank_index[W];
+  if (b < 0 || b + 5 * int64_t(W) + 1 > p.bank_len) return nullptr;
+  for (int i = threadIdx.x; i < 5 * W + 1; i += blockDim.x) staged[i] = p.bank[b + i];
+  return staged;
+}
 
 // Blocks of the small-group kernel an SM must hold at once (the compiler fits the registers to it).
 // One thread's chain of dependent steps is long and only other warps hide its latency: on an H200
@@ -899,7 +941,7 @@ constexpr int thread_kernel_min_blocks() {
   switch (C) {
     case LaneCalls::kAll: return 1;
     case LaneCalls::kCentred: return W <= 8 ? 8 : 5;
-    case LaneCalls::kWide: return W <= 8 ? 8 : (W <= 16 ? 4 : 2);
+    case LaneCalls::kWide: return W <= 8 ? 8 : (W <= 16 ? 4 : 2);  // (W = 64: 2 as well)
     case LaneCalls::kWideOffPolicy: return W <= 8 ? 5 : (W <= 16 ? 3 : 2);
     default: return W <= 8 ? 5 : kOnPolicyBlocksAt16;
   }
@@ -908,7 +950,8 @@ constexpr int thread_kernel_min_blocks() {
 // One thread per group of at most W samples, on the lane executor (lane_exec.h): the per-group code
 // of the CPU kernel's small-group path, with the group in registers (no shuffles) and its samples in
 // the block's shared-memory tile. Groups of size in (W, bound] are left to the launch's second
-// kernel (size buckets, guards.h). C: the calls the instantiation takes (LaneCalls).
+// kernel (size buckets, guards.h); at W = 64, the second kernel itself, it takes only the groups of
+// exactly 64 (thread_bucket_lo). C: the calls the instantiation takes (LaneCalls).
 template <int W, LaneCalls C>
 __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>()))
     thread_kernel(int dtype, const void* __restrict__ values, const int64_t* __restrict__ offsets,
@@ -923,18 +966,24 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
   const int64_t g = g0 + threadIdx.x;
   const bool live = g < num_groups;
   const int64_t begin = live ? offsets[g] : 0, end = live ? offsets[g + 1] : 0;
-  const GroupSpan span = live ? bucket_group(begin, end, total, 0, W, bound) : GroupSpan{0, 0, GROUP_SKIP};
+  const GroupSpan span =
+      live ? bucket_group(begin, end, total, thread_bucket_lo(W), W, bound) : GroupSpan{0, 0, GROUP_SKIP};
 
   // float32, float16 and bfloat16 go through the tile: a block whose groups are all well formed and
-  // of at most W samples (tile_fits: guards.h) copies its span in and out with coalesced accesses;
-  // any other block (malformed offsets, a large group of the launch's second kernel) copies each
-  // computed group to and from its thread's own W slots. float64 works on the tensors directly.
+  // of at most W samples (at W = 64: all of 64; thread_tile_fits, guards.h) copies its span in and
+  // out with coalesced accesses; any other block (malformed offsets, a group of the launch's other
+  // kernel) copies each computed group to and from its thread's own W slots. float64 works on the
+  // tensors directly.
   constexpr int kTile = kThreadBlock * W;
-  __shared__ float tile[tile_slot(kTile - 1) + 1];
+  constexpr int kLineBits = tile_line_bits(W);
+  __shared__ float tile[tile_slot(kTile - 1, kLineBits) + 1];
   constexpr bool kDeltaTile = lane_takes_deltas(C);
-  __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1) + 1 : 1];
+  __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1, kLineBits) + 1 : 1];
   const bool stage_deltas = kDeltaTile && off_policy;
-  const bool whole_block = __syncthreads_and(!live || tile_fits(begin, end, total, W));  // uniform
+  constexpr bool kStageBank = W == kThreadKernelMaxWide;
+  __shared__ double bank_block[kStageBank ? 5 * W + 1 : 1];
+  const double* full_bank = kStageBank ? stage_full_bank<W>(p, bank_block) : nullptr;  // (before the barrier)
+  const bool whole_block = __syncthreads_and(!live || thread_tile_fits(begin, end, total, W));  // uniform
   if (dtype != BK_FLOAT64) {
     const int64_t block_lo = whole_block ? offsets[g0] : 0;
     const int64_t block_hi = whole_block ? offsets[num_groups - g0 < kThreadBlock ? num_groups : g0 + kThreadBlock] : 0;
@@ -944,14 +993,15 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
       if (stage_deltas) delta_tile[slot] = float(load_value(dtype, deltas, copy.lo + i));
     };
     if (!whole_block && span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
-    copy_tile<W, kThreadBlock, 1>(whole_block, copy, copy_in);
+    copy_tile<W, kThreadBlock, 1, kLineBits>(whole_block, copy, copy_in);
     if (whole_block) __syncthreads();
     if (span.action == GROUP_COMPUTE)
-      thread_group_call<W, C>(TileGroup{tile, delta_tile, int(copy.at + span.lo - copy.lo), dtype}, off_policy, p,
-                              int(span.hi - span.lo));
+      thread_group_call<W, C>(
+          TileGroup<kLineBits>{tile, delta_tile, int(copy.at + span.lo - copy.lo), dtype, full_bank}, off_policy, p,
+          int(span.hi - span.lo));
     const auto copy_out = [&](int i, int slot) { store_rounded(dtype, out, copy.lo + i, tile[slot]); };
     if (whole_block) __syncthreads();
-    copy_tile<W, kThreadBlock, 1>(whole_block, copy, copy_out);
+    copy_tile<W, kThreadBlock, 1, kLineBits>(whole_block, copy, copy_out);
     return;
   }
   if (span.action == GROUP_NAN_FILL) nan_fill(dtype, out, span.lo, span.hi, 0, 1);
@@ -974,10 +1024,11 @@ inline LaneCalls float_set_of(int dtype, const Params& p) {
   return LaneCalls::kAll;
 }
 
-// Whether thread_kernel<32> takes the calls of a float set (then it holds every group of a launch
-// bounded by 32).
-inline bool wide_thread_takes(LaneCalls floats) {
-  return floats == LaneCalls::kWide || floats == LaneCalls::kWideOffPolicy;
+// Whether thread_kernel<cap> takes the calls of a float set, cap = 32 or 64: at 32 it holds every
+// group of a launch bounded by cap, at 64 the groups of exactly 64 (thread_bucket_lo, guards.h).
+inline bool wide_thread_takes(LaneCalls floats, int cap) {
+  if (cap == 32) return floats == LaneCalls::kWide || floats == LaneCalls::kWideOffPolicy;
+  return cap == kThreadKernelMaxWide && floats == LaneCalls::kWide;
 }
 
 using ThreadKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int64_t);
@@ -993,13 +1044,14 @@ ThreadKernel thread_kernel_for(LaneCalls calls) {
 }
 
 // The small-group kernel of a call for the launch's power-of-two bound on the group size (cap):
-// thread_kernel<32> of the call's set (kWide or kWideOffPolicy) where it holds every group; else
-// W = 8 where that does and 16 otherwise, of the set that takes the call: its float set
-// (`floats`, float_set_of), else kOnPolicy or, with deltas, kAll.
+// thread_kernel<32> of the call's set (kWide or kWideOffPolicy), or thread_kernel<64> of kWide
+// (wide_thread_takes); else W = 8 where that holds every group and 16 otherwise, of the set that
+// takes the call: its float set (`floats`, float_set_of), else kOnPolicy or, with deltas, kAll.
 inline ThreadKernel small_group_kernel(int cap, LaneCalls floats, const Params& p) {
-  if (cap == kThreadKernelMaxWide && wide_thread_takes(floats))
-    return floats == LaneCalls::kWide ? thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>
-                                      : thread_kernel<kThreadKernelMaxWide, LaneCalls::kWideOffPolicy>;
+  if (wide_thread_takes(floats, cap)) {
+    if (cap == kThreadKernelMaxWide) return thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>;
+    return floats == LaneCalls::kWide ? thread_kernel<32, LaneCalls::kWide> : thread_kernel<32, LaneCalls::kWideOffPolicy>;
+  }
   const LaneCalls calls = floats != LaneCalls::kAll ? floats
                           : needs_deltas(p.code)   ? LaneCalls::kAll
                                                    : LaneCalls::kOnPolicy;
@@ -1007,7 +1059,7 @@ inline ThreadKernel small_group_kernel(int cap, LaneCalls floats, const Params& 
 }
 
 // The segment kernel of P lanes per group for a call: that of its float set, else kAll's.
-using SegmentKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int);
+using SegmentKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int, int);
 template <int P>
 SegmentKernel segment_kernel_for(LaneCalls floats) {
   switch (floats) {
@@ -1023,11 +1075,11 @@ inline unsigned segment_blocks(int64_t num_groups, int lanes) {
   return unsigned((num_groups * lanes + kSegmentBlock - 1) / kSegmentBlock);
 }
 
-template <class Kernel, class Extra>
+template <class Kernel, class... Extra>
 cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, int dtype,
                    const void* values, const int64_t* offsets, const void* deltas, void* out, int64_t num_groups,
-                   int64_t total, const Params& p, Extra extra) {
-  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p, extra);
+                   int64_t total, const Params& p, Extra... extra) {
+  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p, extra...);
   return cudaGetLastError();
 }
 
@@ -1053,29 +1105,39 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   // Size buckets (guards.h): groups of up to 16 samples run one per thread; when the bound is
   // larger, a second kernel shaped by it takes the groups above 16 (the small ones skip it). Every
   // shape holds a power of two of samples (W, or BLOCK x ITEMS), so the bound's power of two picks it.
+  // Two float sets run one thread per group above 16: kWide and kWideOffPolicy at a bound of 32
+  // (thread_kernel<32> takes every group), and kWide at 64, where the segment kernel takes the
+  // groups below 64 first and thread_kernel<64> then those of exactly 64 (every group of a
+  // [G, 64] batch).
   int cap = 8;
   while (cap < n) cap *= 2;
   const unsigned thread_blocks = unsigned((num_groups + kThreadBlock - 1) / kThreadBlock);
   const unsigned groups = unsigned(num_groups);
+  const int lo = kThreadKernelMax;
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
-  rc = launch(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
-  const int lo = kThreadKernelMax;
-  if (rc == cudaSuccess) {
-    switch (cap) {
-      case 8:
-      case kThreadKernelMax: break;  // the small-group kernel took every group
-      case kThreadKernelMaxWide:
-        if (wide_thread_takes(floats)) break;  // thread_kernel<32> took every group
-        rc = launch(segment_kernel_for<2>(floats), segment_blocks(num_groups, 2), kSegmentBlock, BK_ARGS, lo);
-        break;
-      case 64: rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, lo); break;
-      case 128: rc = launch(segment_kernel_for<8>(floats), segment_blocks(num_groups, 8), kSegmentBlock, BK_ARGS, lo); break;
-      case 256: rc = launch(segment_kernel_for<16>(floats), segment_blocks(num_groups, 16), kSegmentBlock, BK_ARGS, lo); break;
-      case 512: rc = launch(segment_kernel_for<32>(floats), segment_blocks(num_groups, 32), kSegmentBlock, BK_ARGS, lo); break;
-      case 1024: rc = launch(block_kernel<256, 4>, groups, 256, BK_ARGS, lo); break;
-      case 2048: rc = launch(block_kernel<256, 8>, groups, 256, BK_ARGS, lo); break;
-      default: rc = launch(block_kernel<512, 8>, groups, 512, BK_ARGS, lo); break;  // 4096
+  if (cap == kThreadKernelMaxWide && wide_thread_takes(floats, cap)) {
+    rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, 0, cap - 1);
+    if (rc == cudaSuccess)
+      rc = launch(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+  } else {
+    rc = launch(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+    if (rc == cudaSuccess) {
+      switch (cap) {
+        case 8:
+        case kThreadKernelMax: break;  // the small-group kernel took every group
+        case 32:
+          if (wide_thread_takes(floats, cap)) break;  // thread_kernel<32> took every group
+          rc = launch(segment_kernel_for<2>(floats), segment_blocks(num_groups, 2), kSegmentBlock, BK_ARGS, lo, cap);
+          break;
+        case 64: rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, lo, cap); break;
+        case 128: rc = launch(segment_kernel_for<8>(floats), segment_blocks(num_groups, 8), kSegmentBlock, BK_ARGS, lo, cap); break;
+        case 256: rc = launch(segment_kernel_for<16>(floats), segment_blocks(num_groups, 16), kSegmentBlock, BK_ARGS, lo, cap); break;
+        case 512: rc = launch(segment_kernel_for<32>(floats), segment_blocks(num_groups, 32), kSegmentBlock, BK_ARGS, lo, cap); break;
+        case 1024: rc = launch(block_kernel<256, 4>, groups, 256, BK_ARGS, lo); break;
+        case 2048: rc = launch(block_kernel<256, 8>, groups, 256, BK_ARGS, lo); break;
+        default: rc = launch(block_kernel<512, 8>, groups, 512, BK_ARGS, lo); break;  // 4096
+      }
     }
   }
 #undef BK_ARGS

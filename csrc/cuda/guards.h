@@ -60,14 +60,19 @@ BK_HD GroupSpan bucket_group(int64_t begin, int64_t end, int64_t total, int64_t 
 // The small-group kernel's shared-memory tile (advantages.cu): a block of one thread per group
 // copies its groups' samples, consecutive in memory, into the tile with coalesced loads, each thread
 // reads and writes its own group there, and the block copies the results out the same way. Sample
-// p of the block's span sits at tile_slot(p): one spare word after every 32, so the threads of a
-// warp reading sample j of groups of 8, 16 or 32 samples each hit a different bank.
-BK_HD constexpr int tile_slot(int p) { return p + (p >> 5); }
+// p of the block's span sits at tile_slot(p): one spare word after every line of 32 (2^line_bits),
+// so the threads of a warp reading sample j of groups of 8, 16 or 32 samples each hit a different
+// bank. Groups of 64 take lines of 64 (line_bits = 6, tile_line_bits): with lines of 32 the
+// threads' groups would lie 66 words apart, two threads to a bank.
+BK_HD constexpr int tile_slot(int p, int line_bits = 5) { return p + (p >> line_bits); }
+BK_HD constexpr int tile_line_bits(int W) { return W > 32 ? 6 : 5; }
 
-// Whether the n samples from tile position base lie in one line of 32 (no spare word among them):
-// then sample i sits at tile_slot(base) + i. True for every group of W = 8, 16 or 32 samples at a
-// multiple of W, as in a [G, n] batch.
-BK_HD constexpr bool tile_in_one_line(int base, int n) { return (base & 31) + n <= 32; }
+// Whether the n samples from tile position base lie in one line (no spare word among them): then
+// sample i sits at tile_slot(base) + i. True for every group of W = 8, 16, 32 (or, in lines of 64,
+// 64) samples at a multiple of W, as in a [G, n] batch.
+BK_HD constexpr bool tile_in_one_line(int base, int n, int line_bits = 5) {
+  return (base & ((1 << line_bits) - 1)) + n <= (1 << line_bits);
+}
 
 // A block takes the tile when every group of it is well formed and of at most W samples (the
 // block's span is then at most blockDim * W samples); otherwise, for malformed offsets or a large
@@ -77,10 +82,25 @@ BK_HD bool tile_fits(int64_t begin, int64_t end, int64_t total, int W) {
 }
 
 // The segment kernel's tile (advantages.cu) likewise: a block takes it when every group of it is
-// well formed and runs on that kernel (more than n_lo samples, at most cap), so that its copy out
-// writes only the samples of groups it computed; the small-group kernel has written the others.
-BK_HD bool segment_tile_fits(int64_t begin, int64_t end, int64_t total, int64_t n_lo, int cap) {
-  return tile_fits(begin, end, total, cap) && end - begin > n_lo;
+// well formed and runs on that kernel (more than n_lo samples, at most n_hi), so that its copy out
+// writes only the samples of groups it computed; the launch's other kernel writes the others. The
+// same for thread_kernel<64>, which computes the groups of exactly 64 (thread_bucket_lo).
+BK_HD bool segment_tile_fits(int64_t begin, int64_t end, int64_t total, int64_t n_lo, int n_hi) {
+  return tile_fits(begin, end, total, n_hi) && end - begin > n_lo;
+}
+
+// The sizes the small-group kernel thread_kernel<W> computes are (thread_bucket_lo(W), W]: every
+// size up to W, as the launch's first kernel, except at W = 64, where it takes only the groups of
+// exactly 64, as the launch's second kernel (the segment kernel computes the smaller ones first).
+// Such a group always runs with its size a compile-time constant and lies in one line of the tile
+// (thread_tile_fits): a copy of the code for groups of fewer samples did not fit in registers.
+BK_HD constexpr int64_t thread_bucket_lo(int W) { return W == 64 ? W - 1 : 0; }
+
+// Whether a group lets thread_kernel<W>'s block take the tile: tile_fits, and at W = 64 also
+// computed there (segment_tile_fits), so the block's groups are all of 64 and each lies in a line.
+BK_HD bool thread_tile_fits(int64_t begin, int64_t end, int64_t total, int W) {
+  const int64_t lo = thread_bucket_lo(W);
+  return lo == 0 ? tile_fits(begin, end, total, W) : segment_tile_fits(begin, end, total, lo, W);
 }
 
 // What one thread copies between the tensors and its block's tile (advantages.cu): positions
@@ -111,10 +131,12 @@ BK_HD TileCopy thread_copy(bool whole_block, int64_t block_lo, int64_t block_hi,
 // The device runs a copy in a fixed number of unrolled rounds (a thread's items: W or 16) with a
 // compile-time step: round r moves position first + r * step when it is below len, at tile slot
 // copy_round_slot(tile_slot(at + first), r, step). That equals tile_slot(at + first + r * step)
-// when (at + first) % 32 + (r * step) % 32 < 32 (no carry into the spare-word count), which
-// holds for every copy above; the second term is then a constant of the round, so each round's
-// load and store take constant offsets. Both facts are host-tested on every thread's copy.
-BK_HD constexpr int copy_round_slot(int slot0, int r, int step) { return slot0 + tile_slot(r * step); }
+// when (at + first) % L + (r * step) % L < L, L the line (no carry into the spare-word count),
+// which holds for every copy above; the second term is then a constant of the round, so each
+// round's load and store take constant offsets. Both facts are host-tested on every thread's copy.
+BK_HD constexpr int copy_round_slot(int slot0, int r, int step, int line_bits = 5) {
+  return slot0 + tile_slot(r * step, line_bits);
+}
 
 // False for NaN and +-inf (x - x is NaN exactly then); no library call, same on host and device.
 BK_HD bool finite_value(double x) { return x - x == 0.0; }

@@ -303,7 +303,7 @@ void packed_sort_once(std::mt19937_64& rng, int n) {
   for (int s = 0; s + 1 < W; ++s) expect(s + 1 < n ? packed[s] < packed[s + 1] : packed[s] <= packed[s + 1], "lane_sort_keys ascending", W, s);
 }
 
-// The small-group kernel's packed sort at W = 32 (sort_finite_packed): 32-bit words of the orderable
+// The small-group kernel's packed sort at W = 32 and 64 (sort_finite_packed): 32-bit words of the orderable
 // bits with the slot in their low bits. Modes: 0 normal rewards, 1 signed zeros and subnormals,
 // 2 ties among three values, 3 clashes: rewards a few units in the last place apart (they differ
 // only in the bits the slot replaces, so the network alone may leave them out of order and the
@@ -327,15 +327,16 @@ void packed_float_sort_once(std::mt19937_64& rng, int n, int mode, int& clashed)
   auto value = [&](int i) { return f[size_t(i)]; };
   float x[W];
   int idx[W];
-  // The network and the reload alone: a permutation with the padding last, in order exactly when
-  // it says so.
-  for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : INFINITY;
-  const bool in_order = bk::lane_sort_packed<W>(x, idx, n, value);
+  // The network and the reload alone: a permutation with the padding last, finite, in order
+  // exactly when it says so.
+  for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : -123.0f;  // garbage past n: sorts last
+  const bk::PackedSort found = bk::lane_sort_packed<W>(x, idx, n, value);
+  expect(found != bk::PackedSort::kNotFinite, "lane_sort_packed: finite rewards are finite", W, n);
   expect(is_permutation_of_lanes(std::vector<int>(idx, idx + W)), "lane_sort_packed is a permutation of the slots", W, n);
   bool ascending = true;
   for (int s = 0; s + 1 < W; ++s) ascending = ascending && !(x[s + 1] < x[s]);
-  expect(in_order == ascending, "lane_sort_packed reports whether its order is right", W, n);
-  if (!in_order) ++clashed;
+  expect((found == bk::PackedSort::kSorted) == ascending, "lane_sort_packed reports whether its order is right", W, n);
+  if (found == bk::PackedSort::kNearEqual) ++clashed;
   // The whole prologue: refusal, padding, sort (with the exact step when needed).
   for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : -123.0f;  // garbage past n: padded
   expect(bk::sort_finite_packed<W>(x, idx, n, true, value), "finite rewards are sorted (packed)", W, n);
@@ -354,12 +355,22 @@ void packed_float_sort_once(std::mt19937_64& rng, int n, int mode, int& clashed)
   for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : -123.0f;
   expect(bk::sort_finite_packed<W>(x, idx, n, false, value), "finite rewards, unsorted (packed)", W, n);
   for (int s = 0; s < W; ++s) expect(idx[s] == s && (s >= n ? x[s] == INFINITY : x[s] == f[size_t(s)]), "no sort: identity (packed)", W, s);
-  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), nan_max_payload(), std::numeric_limits<float>::infinity(),
-                       -std::numeric_limits<float>::infinity()};
+  // Refused by sort_finite_packed, and at W = 64 by lane_sort_packed's two ends (NaN of either
+  // sign sorts beyond the infinities, so any of them reaches an end); at W <= 32 by the check per
+  // slot before the sort.
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(), nan_max_payload(),
+                       -nan_max_payload(), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
   for (float b : bad) {
     for (int i = 0; i < W; ++i) x[i] = i < n ? f[size_t(i)] : -123.0f;
-    x[rng() % uint64_t(n)] = b;
+    const int at = int(rng() % uint64_t(n));
+    x[at] = b;
+    std::vector<float> g(f);
+    g[size_t(at)] = b;
     expect(!bk::sort_finite_packed<W>(x, idx, n, true, value), "a NaN or inf reward is refused (packed)", W, n);
+    for (int i = 0; i < W; ++i) x[i] = i < n ? g[size_t(i)] : -123.0f;
+    if (W > 32)
+      expect(bk::lane_sort_packed<W>(x, idx, n, [&](int i) { return g[size_t(i)]; }) == bk::PackedSort::kNotFinite,
+             "lane_sort_packed finds a NaN or inf at an end", W, n);
   }
 }
 
@@ -394,10 +405,12 @@ void test_lane_sorts() {
   int clashed = 0, clash_groups = 0;
   for (int trial = 0; trial < 2000; ++trial) {
     const int mode = trial % 4;
-    clash_groups += mode == 3 ? 2 : 0;  // two groups a trial
+    clash_groups += mode == 3 ? 3 : 0;  // three groups a trial
     packed_float_sort_once<32>(rng, 1 + int(rng() % 32), mode, clashed);
+    packed_float_sort_once<64>(rng, 1 + int(rng() % 64), mode, clashed);  // thread_kernel<64>
     packed_float_sort_once<8>(rng, 1 + int(rng() % 8), mode, clashed);  // the code is generic in W
     adjacent_sort_once<32>(rng);
+    adjacent_sort_once<64>(rng);  // with the early exit
     adjacent_sort_once<7>(rng);  // odd widths too
   }
   // Most clash groups need the exact step (a test that can fail only if the step runs).
@@ -406,17 +419,21 @@ void test_lane_sorts() {
 
 // Every sample of a batch gets exactly one writer across the two kernels of a bucketed launch: the
 // small-group kernel (sizes (0, small]) and the kernel shaped by the bound (sizes (small, bound]);
-// malformed groups and groups above the bound are NaN-filled by the first kernel only.
+// malformed groups and groups above the bound are NaN-filled by the first kernel only. A quarter of
+// the trials take the kWide launch at a bound of 64: the segment kernel (0, 63], then
+// thread_kernel<64> (thread_bucket_lo(64), 64], with many groups of exactly 64.
 void test_bucket_group() {
   std::mt19937_64 rng(7);
-  for (int trial = 0; trial < 3000; ++trial) {
+  for (int trial = 0; trial < 4000; ++trial) {
+    const bool wide64 = trial % 4 == 3;
     const int G = 1 + int(rng() % 6);
     std::vector<int64_t> off(static_cast<size_t>(G + 1));
-    for (int g = 1; g <= G; ++g) off[size_t(g)] = off[size_t(g - 1)] + int64_t(rng() % 40);
+    for (int g = 1; g <= G; ++g)
+      off[size_t(g)] = off[size_t(g - 1)] + (wide64 && rng() % 2 ? 64 : int64_t(rng() % (wide64 ? 70 : 40)));
     if (trial % 3 == 1) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 60) - 10;  // malformed
     const int64_t total = off[size_t(G)] < 0 ? 0 : off[size_t(G)];
-    const int64_t small = trial % 3 == 0 ? 8 : (trial % 3 == 1 ? 16 : 32);
-    const int64_t bound = small + int64_t(rng() % 30);  // the second kernel's cap (>= small)
+    const int64_t small = wide64 ? bk::cuda::thread_bucket_lo(64) : trial % 3 == 0 ? 8 : (trial % 3 == 1 ? 16 : 32);
+    const int64_t bound = wide64 ? 64 : small + int64_t(rng() % 30);  // the second kernel's cap (>= small)
     std::vector<int> writes(static_cast<size_t>(total), 0);
     for (int g = 0; g < G; ++g) {
       for (int kernel = 0; kernel < (bound > small ? 2 : 1); ++kernel) {
@@ -523,15 +540,16 @@ void test_delta_clamp() {
 // The positions of one thread's copy as the device visits them (copy_rounds, advantages.cu: a
 // fixed number of rounds, round r at position first + r * step if below len, at tile slot
 // copy_round_slot). Checks that the rounds reach every position the plain loop over [first, len)
-// reaches, in the same order, and that each round's slot is tile_slot(at + position).
-std::vector<int> copy_round_positions(const bk::cuda::TileCopy& c, int rounds, long long tag) {
+// reaches, in the same order, and that each round's slot is tile_slot(at + position) (lines of
+// 2^line_bits).
+std::vector<int> copy_round_positions(const bk::cuda::TileCopy& c, int rounds, long long tag, int line_bits = 5) {
   std::vector<int> visited, reference;
-  const int slot0 = bk::cuda::tile_slot(c.at + c.first);
+  const int slot0 = bk::cuda::tile_slot(c.at + c.first, line_bits);
   for (int r = 0; r < rounds; ++r) {
     if (r * c.step >= c.len - c.first) continue;
     const int i = c.first + r * c.step;
-    expect(bk::cuda::copy_round_slot(slot0, r, c.step) == bk::cuda::tile_slot(c.at + i), "a round's slot is its position's",
-           tag, i);
+    expect(bk::cuda::copy_round_slot(slot0, r, c.step, line_bits) == bk::cuda::tile_slot(c.at + i, line_bits),
+           "a round's slot is its position's", tag, i);
     visited.push_back(i);
   }
   for (int i = c.first; i < c.len; i += c.step) reference.push_back(i);
@@ -543,8 +561,8 @@ std::vector<int> copy_round_positions(const bk::cuda::TileCopy& c, int rounds, l
 // position must lie inside the tile and the tensors and have no other writer. False (the caller
 // stops) when one lies outside.
 bool record_copy_in(const bk::cuda::TileCopy& c, int rounds, int tile_size, int64_t total, long long tag,
-                    std::vector<int64_t>& source) {
-  for (int i : copy_round_positions(c, rounds, tag)) {
+                    std::vector<int64_t>& source, int line_bits = 5) {
+  for (int i : copy_round_positions(c, rounds, tag, line_bits)) {
     const bool inside = c.at + i >= 0 && c.at + i < tile_size && c.lo + i >= 0 && c.lo + i < total;
     expect(inside, "copy inside the tile and the tensors", tag, c.at + i);
     if (!inside) return false;
@@ -557,27 +575,30 @@ bool record_copy_in(const bk::cuda::TileCopy& c, int rounds, int tile_size, int6
 // The small-group kernel's tile (advantages.cu, thread_kernel): a block of 128 threads takes it
 // when every live group passes tile_fits; then its groups must tile [0, len) exactly (each
 // position read, computed and written back by one thread, and by the kernel that computes it),
-// with len <= 128 W, and the slots of a warp reading sample j of full groups fall in 32 banks.
+// with len <= 128 W, and the slots of a warp reading sample j of full groups fall in 32 banks (the
+// tile's lines: tile_line_bits(W), 32 samples or 64 at W = 64).
 void test_tile() {
   const int kBlock = 128;
   std::mt19937_64 rng(11);
-  for (int W : {8, 16, 32}) {
-    const int tile_words = bk::cuda::tile_slot(kBlock * W - 1) + 1;
+  for (int W : {8, 16, 32, 64}) {
+    const int lb = bk::cuda::tile_line_bits(W);
+    const int tile_words = bk::cuda::tile_slot(kBlock * W - 1, lb) + 1;
     for (int j = 0; j < W; ++j)
       for (int warp = 0; warp < kBlock / 32; ++warp) {
         unsigned banks = 0;
-        for (int t = 32 * warp; t < 32 * warp + 32; ++t) banks |= 1u << (bk::cuda::tile_slot(t * W + j) % 32);
+        for (int t = 32 * warp; t < 32 * warp + 32; ++t) banks |= 1u << (bk::cuda::tile_slot(t * W + j, lb) % 32);
         expect(banks == 0xffffffffu, "full groups: a warp's reads of sample j hit 32 banks", W, j);
       }
     for (int p = 1; p < kBlock * W; ++p)
-      expect(bk::cuda::tile_slot(p) > bk::cuda::tile_slot(p - 1) && bk::cuda::tile_slot(p) < tile_words,
+      expect(bk::cuda::tile_slot(p, lb) > bk::cuda::tile_slot(p - 1, lb) && bk::cuda::tile_slot(p, lb) < tile_words,
              "tile slots increase inside the tile", W, p);
     for (int base = 0; base < kBlock * W; ++base) {  // tile_in_one_line: the one-line groups' constant offsets
-      expect(base % W != 0 || bk::cuda::tile_in_one_line(base, W), "a group of W at a multiple of W is in one line", W, base);
+      expect(base % W != 0 || bk::cuda::tile_in_one_line(base, W, lb), "a group of W at a multiple of W is in one line", W,
+             base);
       for (int n = 1; n <= W && base + n <= kBlock * W; ++n) {
         bool linear = true;
-        for (int i = 0; i < n; ++i) linear = linear && bk::cuda::tile_slot(base + i) == bk::cuda::tile_slot(base) + i;
-        expect(bk::cuda::tile_in_one_line(base, n) == linear, "one line exactly when the slots run on", W, base);
+        for (int i = 0; i < n; ++i) linear = linear && bk::cuda::tile_slot(base + i, lb) == bk::cuda::tile_slot(base, lb) + i;
+        expect(bk::cuda::tile_in_one_line(base, n, lb) == linear, "one line exactly when the slots run on", W, base);
       }
     }
     for (int trial = 0; trial < 2000; ++trial) {
@@ -610,24 +631,32 @@ void test_tile() {
 // The small-group kernel's copies (thread_copy) replayed for every thread of every block, as in
 // test_segment_copy: each tile slot has at most one writer and lies inside the tile, each computed
 // group finds its samples at its tile position (base = at + span.lo - lo), and the copy out writes
-// every computed sample once and nothing else.
+// every computed sample once and nothing else. At W = 64 (the groups of exactly 64:
+// thread_bucket_lo) every computed group also lies in one line of the tile, as the kernel's only
+// copy of the group code assumes.
 void test_thread_copy() {
   const int kBlock = 128;
   std::mt19937_64 rng(14);
-  int whole = 0, own = 0;
-  for (int W : {8, 16, 32}) {
+  int whole = 0, own = 0, whole64 = 0;
+  for (int W : {8, 16, 32, 64}) {
+    const int lb = bk::cuda::tile_line_bits(W);
     const int kTile = kBlock * W, bound = 4 * W;
+    const int64_t n_lo = bk::cuda::thread_bucket_lo(W);
     for (int trial = 0; trial < 600; ++trial) {
       const int G = 1 + int(rng() % 300);
       std::vector<int64_t> off(static_cast<size_t>(G + 1));
       const int top = trial % 3 == 0 ? 2 * W : W + 1;  // a third of the trials: many groups above W
-      for (int g = 1; g <= G; ++g) off[size_t(g)] = off[size_t(g - 1)] + int64_t(rng() % uint64_t(top));
+      // At W = 64 a third of the trials: groups of exactly 64 (the [G, 64] batch), one in 500 not.
+      const bool full = W == 64 && trial % 3 == 2;
+      for (int g = 1; g <= G; ++g)
+        off[size_t(g)] = off[size_t(g - 1)] + (full && rng() % 500 ? W : int64_t(rng() % uint64_t(top)));
       if (trial % 7 == 3) off[size_t(rng() % uint64_t(G + 1))] = int64_t(rng() % 300) - 20;  // malformed
       const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + 3;
       for (int64_t g0 = 0; g0 < G; g0 += kBlock) {
         const int64_t last = std::min<int64_t>(G, g0 + kBlock);
         bool whole_block = true;
-        for (int64_t g = g0; g < last; ++g) whole_block = whole_block && bk::cuda::tile_fits(off[g], off[g + 1], total, W);
+        for (int64_t g = g0; g < last; ++g)
+          whole_block = whole_block && bk::cuda::thread_tile_fits(off[g], off[g + 1], total, W);
         const int64_t block_lo = whole_block ? off[size_t(g0)] : 0, block_hi = whole_block ? off[size_t(last)] : 0;
         std::vector<int64_t> source(static_cast<size_t>(kTile), -1);
         std::vector<int> written(static_cast<size_t>(total), 0), computed(static_cast<size_t>(total), 0);
@@ -635,31 +664,36 @@ void test_thread_copy() {
         std::vector<bk::cuda::TileCopy> copies(kBlock);
         for (int t = 0; t < kBlock; ++t) {  // copy in for every thread, then check and copy out
           const int64_t g = g0 + t;
-          spans[size_t(t)] = g < G ? bk::cuda::bucket_group(off[g], off[g + 1], total, 0, W, bound)
+          spans[size_t(t)] = g < G ? bk::cuda::bucket_group(off[g], off[g + 1], total, n_lo, W, bound)
                                    : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
           copies[size_t(t)] = bk::cuda::thread_copy(whole_block, block_lo, block_hi, spans[size_t(t)], t, W, kBlock);
-          if (!record_copy_in(copies[size_t(t)], W, kTile, total, W, source)) return;
+          if (!record_copy_in(copies[size_t(t)], W, kTile, total, W, source, lb)) return;
         }
         for (int t = 0; t < kBlock; ++t) {
           const GroupSpan& span = spans[size_t(t)];
           const auto& c = copies[size_t(t)];
           if (span.action == bk::cuda::GROUP_COMPUTE) {
             const int64_t base = c.at + (span.lo - c.lo);
+            if (W == 64)
+              expect(span.hi - span.lo == W && bk::cuda::tile_in_one_line(int(base), W, lb),
+                     "thread_kernel<64> computes only full groups in one line", base, span.hi - span.lo);
             for (int64_t j = 0; j < span.hi - span.lo; ++j) {
               expect(base + j >= 0 && base + j < kTile && source[size_t(base + j)] == span.lo + j, "a thread finds its samples",
                      W, j);
               ++computed[size_t(span.lo + j)];
             }
           }
-          for (int i : copy_round_positions(c, W, W)) ++written[size_t(c.lo + i)];
+          for (int i : copy_round_positions(c, W, W, lb)) ++written[size_t(c.lo + i)];
         }
         ++(whole_block ? whole : own);
+        whole64 += W == 64 && whole_block;
         for (int64_t i = 0; i < total; ++i)
           expect(written[size_t(i)] == computed[size_t(i)], "the copy out writes each computed sample once", W, i);
       }
     }
   }
   expect(whole > 300 && own > 300, "both thread copies are exercised", whole, own);
+  expect(whole64 > 100, "thread_kernel<64>'s blocks take the tile", whole64, 0);
 }
 
 // Offsets of G groups for the segment kernel's tests: mostly sizes it computes, (16, cap]; about
@@ -675,23 +709,30 @@ std::vector<int64_t> segment_offsets(std::mt19937_64& rng, int G, int cap, int o
   return off;
 }
 
+// The segment kernel's launches: P lanes per group, sizes (n_lo, n_hi]. Mostly the second kernel
+// (n_lo = 16, n_hi = 16 P); for the kWide calls at a bound of 64 the first, (0, 63].
+struct SegmentBucket {
+  int P, n_lo, n_hi;
+};
+const SegmentBucket kSegmentBuckets[] = {{2, 16, 32}, {4, 16, 64}, {4, 0, 63}, {8, 16, 128}, {16, 16, 256}, {32, 16, 512}};
+
 // Whether the block of groups [g0, last) takes the whole-block tile: every group passes segment_tile_fits.
-bool segment_block_fits(const std::vector<int64_t>& off, int64_t g0, int64_t last, int64_t total, int cap) {
+bool segment_block_fits(const std::vector<int64_t>& off, int64_t g0, int64_t last, int64_t total, const SegmentBucket& b) {
   bool fits = true;
-  for (int64_t g = g0; g < last; ++g) fits = fits && bk::cuda::segment_tile_fits(off[g], off[g + 1], total, 16, cap);
+  for (int64_t g = g0; g < last; ++g) fits = fits && bk::cuda::segment_tile_fits(off[g], off[g + 1], total, b.n_lo, b.n_hi);
   return fits;
 }
 
 // The segment kernel's tile (advantages.cu, segment_kernel<P>): a block of 128 threads, 128 / P
 // groups, takes it when every live group passes segment_tile_fits; then its groups must tile
 // [0, len) exactly, len <= 128 * 16, and each position must belong to a group that the segment
-// kernel computes (its copy out must not overwrite what the small-group kernel wrote).
+// kernel computes (its copy out must not overwrite what the launch's other kernel wrote).
 void test_segment_tile() {
-  const int kBlock = 128, kItems = 16, kLo = 16;
+  const int kBlock = 128, kItems = 16;
   std::mt19937_64 rng(12);
   int taken = 0;
-  for (int P : {2, 4, 8, 16, 32}) {
-    const int cap = P * kItems, groups = kBlock / P;
+  for (const SegmentBucket& b : kSegmentBuckets) {
+    const int P = b.P, cap = P * kItems, groups = kBlock / P;
     for (int trial = 0; trial < 2000; ++trial) {
       const int G = 1 + int(rng() % 200);
       std::vector<int64_t> off = segment_offsets(rng, G, cap, 50);
@@ -699,13 +740,13 @@ void test_segment_tile() {
       const int64_t total = std::max<int64_t>(off[size_t(G)], 0) + int64_t(trial % 3 == 2 ? 5 : 0);
       for (int64_t g0 = 0; g0 < G; g0 += groups) {
         const int64_t last = std::min<int64_t>(G, g0 + groups);
-        if (!segment_block_fits(off, g0, last, total, cap)) continue;
+        if (!segment_block_fits(off, g0, last, total, b)) continue;
         ++taken;
         const int64_t lo = off[size_t(g0)], len = off[size_t(last)] - lo;
         expect(lo >= 0 && len > 0 && len <= int64_t(kBlock) * kItems && lo + len <= total, "segment tile span inside", P, len);
         std::vector<int> owner(static_cast<size_t>(std::max<int64_t>(len, 0)), 0);
         for (int64_t g = g0; g < last; ++g) {
-          const GroupSpan s = bk::cuda::bucket_group(off[g], off[g + 1], total, kLo, cap, cap);
+          const GroupSpan s = bk::cuda::bucket_group(off[g], off[g + 1], total, b.n_lo, b.n_hi, cap);
           expect(s.action == bk::cuda::GROUP_COMPUTE, "a fitting group is computed by the segment kernel", P, g);
           for (int64_t i = s.lo; i < s.hi; ++i)
             if (i - lo >= 0 && i - lo < len) ++owner[size_t(i - lo)];
@@ -723,11 +764,11 @@ void test_segment_tile() {
 // lo); the copy out writes every sample of a computed group exactly once and nothing else (once
 // per group: malformed offsets can give two groups the same samples, as without the tile).
 void test_segment_copy() {
-  const int kBlock = 128, kItems = 16, kLo = 16, kTile = kBlock * kItems;
+  const int kBlock = 128, kItems = 16, kTile = kBlock * kItems;
   std::mt19937_64 rng(13);
   int whole = 0, own = 0;
-  for (int P : {2, 4, 8, 16, 32}) {
-    const int cap = P * kItems, groups = kBlock / P;
+  for (const SegmentBucket& b : kSegmentBuckets) {
+    const int P = b.P, cap = P * kItems, groups = kBlock / P;
     for (int trial = 0; trial < 600; ++trial) {
       const int G = 1 + int(rng() % 100);
       std::vector<int64_t> off = segment_offsets(rng, G, cap, trial % 2 ? 4 : 60);  // half the trials: many odd sizes
@@ -736,7 +777,7 @@ void test_segment_copy() {
       const bool in_tile = trial % 9 != 0;  // float64: no copies
       for (int64_t g0 = 0; g0 < G; g0 += groups) {
         const int64_t last = std::min<int64_t>(G, g0 + groups);
-        const bool whole_block = segment_block_fits(off, g0, last, total, cap);
+        const bool whole_block = segment_block_fits(off, g0, last, total, b);
         const int64_t block_lo = whole_block ? off[size_t(g0)] : 0, block_hi = whole_block ? off[size_t(last)] : 0;
         std::vector<int64_t> source(kTile, -1);  // the tensor position each tile slot holds
         std::vector<int> written(static_cast<size_t>(total), 0);
@@ -746,7 +787,7 @@ void test_segment_copy() {
           for (int t = 0; t < kBlock; ++t) {
             const int64_t g = g0 + t / P;
             const bool live = g < G;
-            const GroupSpan span = live ? bk::cuda::bucket_group(off[g], off[g + 1], total, kLo, cap, cap)
+            const GroupSpan span = live ? bk::cuda::bucket_group(off[g], off[g + 1], total, b.n_lo, b.n_hi, cap)
                                         : GroupSpan{0, 0, bk::cuda::GROUP_SKIP};
             const bool compute = span.action == bk::cuda::GROUP_COMPUTE;
             if (pass == 0) {

@@ -773,7 +773,8 @@ void check_segments() {
   check_segment_set<2, bk::LaneCalls::kCentred>("centred segment", rng, {1, 2, 17, 24, 31, 32});
   check_segment_set<2, bk::LaneCalls::kWide>("wide segment", rng, {1, 2, 17, 24, 31, 32});
   check_segment_set<4, bk::LaneCalls::kCentred>("centred segment", rng, {17, 33, 48, 63, 64});
-  check_segment_set<4, bk::LaneCalls::kWide>("wide segment", rng, {17, 33, 48, 63, 64});
+  // (1..16: the kWide launch at a bound of 64 sends every group below 64 here)
+  check_segment_set<4, bk::LaneCalls::kWide>("wide segment", rng, {1, 2, 9, 16, 17, 33, 48, 63, 64});
   check_segment_set<8, bk::LaneCalls::kWide>("wide segment", rng, {65, 100, 128});
   check_segment_set<2, bk::LaneCalls::kWideOffPolicy>("wide off-policy segment", rng, {1, 2, 17, 24, 31, 32});
   check_segment_set<4, bk::LaneCalls::kWideOffPolicy>("wide off-policy segment", rng, {17, 33, 48, 63, 64});
@@ -956,7 +957,51 @@ void check_lane_set(const char* name) {
   expect_set_counts(name, counts);
 }
 
+// The lane executor at W = 64, as the CUDA kernel's thread_kernel<64> runs it (no CPU path does):
+// every call of its set (kWide) on float32 rewards against SerialExec, from a bank, for groups of
+// 33..64 samples and a few smaller ones; and for a full group with the block staged
+// (LaneExec::staged_bank) while the bank's own block holds garbage, so the values can only be
+// right if the staged block is the one read.
+struct StagedLane : TestLane<64, CallsSlots<64, bk::LaneCalls::kWide>> {
+  static inline const double* staged = nullptr;
+  void begin_group(int n) {
+    this->set_size(n);
+    this->staged_bank = n == 64 ? staged : nullptr;
+  }
+};
+
+void check_wide_lane_64() {
+  std::mt19937_64 rng(640);
+  const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
+  int staged_checked = 0;
+  for (int code = 0; code < bk::NUM_CODES; ++code) {
+    if (!bk::lane_takes(bk::LaneCalls::kWide, code, true)) continue;
+    for (int n : {1, 2, 17, 32, 33, 41, 63, 64, 64, 64}) {
+      std::vector<double> g, delta;
+      draw_group<float>(rng, code, n, 2, g, delta);  // odd n arbitrary floats, even n quarter steps
+      const auto blk = bank_block(code, n, mix);
+      std::vector<int64_t> index(n + 1, -1);
+      index[n] = 0;
+      const bk::Params base = bank_params(blk, index);
+      const auto want = run<bk::SerialExec>(code, g, delta, 1, 1e-6, &base);
+      const auto got = run<SetLane<64, bk::LaneCalls::kWide>>(code, g, delta, 1, 1e-6, &base);
+      for (int i = 0; i < n; ++i) expect_close(got[i], want[i], 1e-11, "lane W = 64 (kWide) = serial", n, code, i);
+      if (n != 64) continue;
+      const std::vector<double> garbage(blk.size(), 12345.0);
+      const bk::Params garbled = bank_params(garbage, index);
+      StagedLane::staged = blk.data();
+      const auto staged = run<StagedLane>(code, g, delta, 1, 1e-6, &garbled);
+      StagedLane::staged = nullptr;
+      for (int i = 0; i < n; ++i) expect_close(staged[i], want[i], 1e-11, "lane W = 64, staged block = serial", n, code, i);
+      ++staged_checked;
+    }
+  }
+  expect_close(staged_checked >= 6, 1, 0.0, "the staged block is checked for every kWide call", staged_checked, 0, 0);
+}
+
 void check_lane_sets() {
+  check_wide_lane_64();
+  check_lane_set<64, bk::LaneCalls::kWide>("wide lane");
   check_lane_set<32, bk::LaneCalls::kWide>("wide lane");
   check_lane_set<16, bk::LaneCalls::kWide>("wide lane");
   check_lane_set<8, bk::LaneCalls::kWide>("wide lane");

@@ -318,9 +318,17 @@ BK_HD int dispatch_code(const Params& p) {
   return lane_code(lane_calls<Ex>::value, p.code, has_bank(p));
 }
 
+// Whether an executor may hold a copy of the bank block of its group's size (Ex::staged_bank,
+// non-null when it does: the CUDA small-group kernel at W = 64 stages it in shared memory).
+template <class Ex, class = void>
+struct has_staged_bank : std::false_type {};
+template <class Ex>
+struct has_staged_bank<Ex, std::void_t<decltype(std::declval<Ex&>().staged_bank)>> : std::true_type {};
+
 // The executors' tables(): runs body(t) with the bank's block for this group size when the call
-// has a bank (BankTables), else with one k's tables (SingleKTables). False, without running body,
-// when the bank has no well-formed block for this size.
+// has a bank (BankTables; the executor's staged copy of it when it holds one), else with one k's
+// tables (SingleKTables). False, without running body, when the bank has no well-formed block for
+// this size.
 template <class Ex, class Body>
 BK_HD bool with_tables(Ex& ex, const Params& p, int code, int k, Body body) {
   if (!has_bank(p)) {
@@ -333,7 +341,10 @@ BK_HD bool with_tables(Ex& ex, const Params& p, int code, int k, Body body) {
   if (int64_t(n) >= p.bank_index_len) return false;
   const int64_t b = p.bank_index[n];
   if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return false;
-  BankTables t{p.bank + b, n, 1.0, p.bank[b + 5 * int64_t(n)]};
+  const double* block = p.bank + b;
+  if constexpr (has_staged_bank<Ex>::value)
+    if (ex.staged_bank != nullptr) block = ex.staged_bank;  // the same block, in faster memory
+  BankTables t{block, n, 1.0, block[5 * int64_t(n)]};
   body(t);
   return true;
 }

@@ -20,7 +20,8 @@
 namespace bk {
 
 // The largest group the CPU kernel runs on the lane executor; the CUDA small-group kernel takes
-// up to 16 samples for every call, and up to 32 for float32 rewards and the LaneCalls::kWide calls
+// up to 16 samples for every call, up to 32 for float32 rewards and the LaneCalls::kWide and
+// kWideOffPolicy calls, and groups of exactly 64 for float32 rewards and the kWide calls
 // (kThreadKernelMax and kThreadKernelMaxWide in csrc/cuda/advantages.cu).
 constexpr int kLaneWidthMax = 32;
 
@@ -104,6 +105,10 @@ struct LaneExec : LaneSize<W, kFull> {
 
   using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
   Sink sink;                    // receives emit(s, value)
+  // A copy of the call's bank block for a group of n, or null (with_tables then reads the bank):
+  // the CUDA kernel at W = 64 copies the block of its full groups to shared memory once per
+  // thread block (in global memory, nvcc hoisted about 128 of its loads ahead and spilled).
+  const double* staged_bank = nullptr;
 
   template <class Array>
   BK_HD void alloc(Array&) {}  // Vec or SumVec: fixed arrays, nothing to allocate
@@ -244,29 +249,44 @@ BK_HD bool sort_finite_floats(float* key, int* idx, int n, bool sort) {
   return true;
 }
 
-// Sorts finite float rewards ascending on packed 32-bit words: each slot's orderable bits
-// (orderable_f32) with their low log2(W) bits replaced by the slot. An exchange is then one
-// unsigned min and one max, where lane_sort_floats moves a key and an index in five instructions;
-// the index rides in the word. x holds the rewards in slot order, padded with +inf past n (above
-// every finite reward's word). The price of the cleared bits: rewards that agree in every other bit
-// come out in slot order, not by value. So each sorted slot's reward is read again by its source
-// index (value(i), the reward of sample i < n: one load, where carrying x through the network
-// would cost three instructions an exchange), and the order is right exactly when the rewards read
-// back never decrease. Returns that; when false, x and idx hold a permutation of the samples that is
-// sorted except within runs of such near-equal rewards (lane_sort_adjacent finishes it).
+// What lane_sort_packed found.
+enum class PackedSort {
+  kSorted,     // x and idx hold the samples in ascending order
+  kNearEqual,  // sorted except within runs of near-equal rewards (lane_sort_adjacent finishes it)
+  kNotFinite,  // a reward is NaN or inf: nothing was read back (the caller NaN-fills the group)
+};
+
+// Sorts float rewards ascending on packed 32-bit words: each slot's orderable bits (orderable_f32)
+// with their low log2(W) bits replaced by the slot. An exchange is then one unsigned min and one
+// max, where lane_sort_floats moves a key and an index in five instructions; the index rides in the
+// word. x holds the rewards of slots 0..n-1 (whatever past n: those slots sort last, as the
+// largest finite float with their own slot, above every sample's word). Then:
+//   * at W > 32, finiteness from the two ends: the orderable order puts -NaN and -inf below every
+//     finite reward and +inf and +NaN above, so the group is finite exactly when the smallest word
+//     and the largest are (two compares, where a check per slot costs W). At W <= 32 the caller
+//     checks each slot first (sort_finite_packed), and kNotFinite never comes back;
+//   * the price of the cleared bits: rewards that agree in every other bit come out in slot order,
+//     not by value. So each sorted slot's reward is read again by its source index (value(i), the
+//     reward of sample i < n: one load, where carrying x through the network would cost three
+//     instructions an exchange), and the order is right exactly when the rewards read back never
+//     decrease. The padding reads back as +inf.
 template <int W, class Value>
-BK_HD bool lane_sort_packed(float* x, int* idx, int n, Value value) {
+BK_HD PackedSort lane_sort_packed(float* x, int* idx, int n, Value value) {
   static_assert(W >= 2 && (W & (W - 1)) == 0, "lane_sort_packed: W a power of two");
   constexpr uint32_t kSlotBits = uint32_t(W - 1);
+  constexpr uint32_t kLargestFinite = 0xff7fffffu;  // orderable_f32(FLT_MAX)
+  constexpr uint32_t kSmallestFinite = 0x00800000u;  // orderable_f32(-FLT_MAX)
   uint32_t word[W];
   BK_UNROLL
-  for (int i = 0; i < W; ++i) word[i] = (orderable_f32(x[i]) & ~kSlotBits) | uint32_t(i);
+  for (int i = 0; i < W; ++i) word[i] = ((i < n ? orderable_f32(x[i]) : kLargestFinite) & ~kSlotBits) | uint32_t(i);
   auto exchange = [&](int i, int j) {
     const uint32_t a = word[i], b = word[j];
     word[i] = a < b ? a : b;
     word[j] = a < b ? b : a;
   };
   odd_even_passes<W, 1, 1>(exchange);
+  const bool finite =
+      W <= 32 || (word[0] >= (kSmallestFinite & ~kSlotBits) && word[W - 1] <= (kLargestFinite | kSlotBits));
   bool decreased = false;
   BK_UNROLL
   for (int s = 0; s < W; ++s) {
@@ -274,17 +294,23 @@ BK_HD bool lane_sort_packed(float* x, int* idx, int n, Value value) {
     x[s] = s < n ? value(idx[s]) : INFINITY;  // the padding sorts last: slots n..W-1
     if (s > 0) decreased = decreased | (x[s] < x[s - 1]);
   }
-  return !decreased;
+  return !finite ? PackedSort::kNotFinite : (decreased ? PackedSort::kNearEqual : PackedSort::kSorted);
 }
 
 // Odd-even transposition over (key, index) pairs: W phases, alternately the pairs from slot 0 and
 // from slot 1, sort any order ((W + 1) / 2 rounds of both). The rare second step of
-// lane_sort_packed, so a loop that is not unrolled (one round of code) and without an early exit
-// (a flag per exchange would lengthen the one round the static estimate counts). Its exchange
-// selects the keys where lane_sort_floats takes fminf/fmaxf: sharing that one made the counted
-// paths 6-8 instructions longer on sm_90.
-template <int W>
+// lane_sort_packed, so a loop that is not unrolled (one round of code). kEarlyExit: stop after a
+// round that exchanged nothing. Without it (W <= 32) the one round the static estimate counts is
+// shorter by a flag per exchange; at W = 64 near-equal rewards are common enough (six cleared
+// bits: 0.24 % of groups of U(0, 1) float32 rewards, 7.3 % of warps of 32 groups, against 0.03 %
+// and 1.0 % at W = 32) that a fixed 32 rounds would cost more than the flags (a run of two
+// near-equal rewards takes one round, and the check one more; bench/results/
+// static_sm90_thread64_prototype/clash_rates.py). Its exchange selects the keys where
+// lane_sort_floats takes fminf/fmaxf: sharing that one made the counted paths 6-8 instructions
+// longer on sm_90.
+template <int W, bool kEarlyExit = (W > 32)>
 BK_HD void lane_sort_adjacent(float* key, int* idx) {
+  bool swapped = false;
   auto exchange = [&](int i) {
     const float a = key[i], b = key[i + 1];
     const int ia = idx[i], ib = idx[i + 1];
@@ -293,13 +319,16 @@ BK_HD void lane_sort_adjacent(float* key, int* idx) {
     key[i + 1] = swap ? a : b;
     idx[i] = swap ? ib : ia;
     idx[i + 1] = swap ? ia : ib;
+    if (kEarlyExit) swapped = swapped | swap;
   };
   BK_NO_UNROLL
   for (int round = 0; round < (W + 1) / 2; ++round) {
+    swapped = false;
     BK_UNROLL
     for (int i = 0; i + 1 < W; i += 2) exchange(i);
     BK_UNROLL
     for (int i = 1; i + 1 < W; i += 2) exchange(i);
+    if (kEarlyExit && !swapped) break;
   }
 }
 
@@ -307,8 +336,16 @@ BK_HD void lane_sort_adjacent(float* key, int* idx) {
 // near-equal rewards came out of order); value(i) reads sample i's reward again, as x[i] holds it.
 template <int W, class Value>
 BK_HD bool sort_finite_packed(float* x, int* idx, int n, bool sort, Value value) {
-  if (!sort_finite_floats<W>(x, idx, n, false)) return false;
-  if (sort && !lane_sort_packed<W>(x, idx, n, value)) lane_sort_adjacent<W>(x, idx);
+  // At W <= 32 the check per slot first: sm_90 then allocates the exact step's registers with
+  // fewer moves and selects (maxk_loo1, thread_kernel<32>: 1,954 instructions against 2,016 with
+  // the check at the two ends alone); at W = 64 the ends alone save about 190.
+  if (!sort || W <= 32) {
+    if (!sort_finite_floats<W>(x, idx, n, false)) return false;
+    if (!sort) return true;
+  }
+  const PackedSort found = lane_sort_packed<W>(x, idx, n, value);
+  if (found == PackedSort::kNotFinite) return false;
+  if (found == PackedSort::kNearEqual) lane_sort_adjacent<W>(x, idx);
   return true;
 }
 
