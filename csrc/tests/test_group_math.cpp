@@ -959,9 +959,9 @@ void check_lane_set(const char* name) {
 
 // The lane executor at W = 64, as the CUDA kernel's thread_kernel<64> runs it (no CPU path does):
 // every call of its set (kWide) on float32 rewards against SerialExec, from a bank, for groups of
-// 33..64 samples and a few smaller ones; and for a full group with the block staged
-// (LaneExec::staged_bank) while the bank's own block holds garbage, so the values can only be
-// right if the staged block is the one read.
+// 64 samples (all that kernel runs) and smaller ones (the executor takes any n up to W); and for a
+// full group with the block staged (LaneExec::staged_bank) while the bank's own block holds
+// garbage, so the values can only be right if the staged block is the one read.
 struct StagedLane : TestLane<64, CallsSlots<64, bk::LaneCalls::kWide>> {
   static inline const double* staged = nullptr;
   void begin_group(int n) {
