@@ -700,6 +700,8 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 // kWideOffPolicy's deltas and their prefix sums (sm_90: about 550 bytes of spills).
 constexpr int kThreadKernelMax = 16;
 constexpr int kThreadKernelMaxWide = 64;
+static_assert(thread_bucket_lo(kThreadKernelMaxWide) == kThreadKernelMaxWide - 1,
+              "guards.h's size buckets give thread_kernel<kThreadKernelMaxWide> its groups of exactly that size");
 
 // The small-group kernel is instantiated for sets of calls (LaneCalls, group_math.h), each with
 // only its calls' code and so with the registers of its own most demanding path (a kernel holds
