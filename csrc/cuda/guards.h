@@ -172,10 +172,12 @@ BK_HD float clip_rounded(float f, float lo, float hi) { return min_keep_nan(max_
 // every d of the dtype: rounding to nearest is monotone, and no value of the dtype lies strictly
 // between a bound and its rounding. That costs a double clamp, a rounding through the dtype and a
 // branch per sample; this, a few selects. A NaN or inf delta gives NaN (it poisons its group),
-// clamped or not.
+// clamped or not: d - d is +0 for a finite d and NaN otherwise, and c + c * (d - d) is then c
+// exactly (the sign of a zero c kept) or NaN, one fused multiply-add where a compare and a select
+// cost two.
 BK_HD double clamp_float_delta(float d, bool clamp, float lo, float hi) {
   const float c = clamp ? (d < lo ? lo : (d > hi ? hi : d)) : d;
-  return d - d == 0.0f ? double(c) : BK_NAN;
+  return double(::fmaf(c, d - d, c));
 }
 
 }  // namespace cuda
