@@ -60,8 +60,8 @@ LOG_FILE = None
 
 # Bound of each CUDA kernel shape (csrc/cuda/advantages.cu) and group sizes inside its bucket; the
 # last entries mix small and large groups under one bound (the launcher's two kernels, size buckets).
-# At 64 the kWide calls run groups of exactly 64 one per thread: (64,) gives that kernel whole
-# blocks of them, (1, 5, 16, 63, 64) mixes them with the segment kernel's.
+# At 64 the kWide and kWideOffPolicy calls run groups of exactly 64 one per thread: (64,) gives
+# that kernel whole blocks of them, (1, 5, 16, 63, 64) mixes them with the segment kernel's.
 CUDA_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 31, 32)), (64, (33, 50, 64)), (64, (64,)),
                 (128, (65, 100, 128)), (256, (129, 200, 256)),
                 (512, (257, 300, 512)), (1024, (513, 700, 1024)), (2048, (1025, 1500, 2048)),

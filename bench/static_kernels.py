@@ -150,6 +150,7 @@ class CudaVariant:
     group_threads: int  # threads per group
     n_lo: int  # the launcher picks it for n_lo <= max_group_size <= n_hi
     n_hi: int
+    dynamic_smem: int = 0  # bytes of dynamic shared memory the launcher gives it (occupancy)
 
 
 # Every kernel shape bk_cuda_advantages has launched, in the launcher's order of preference: the
@@ -179,6 +180,9 @@ CUDA_VARIANTS = (
     CudaVariant("thread_kernel<32,offwide>", "thread_kernelILi32ELNS_9LaneCallsE4EE", 128, 1, 17, 32),
     # kWide: the groups of exactly 64 (the segment kernel takes the smaller ones of the launch)
     CudaVariant("thread_kernel<64>", "thread_kernelILi64ELNS_9LaneCallsE2EE", 128, 1, 64, 64),
+    # kWideOffPolicy: likewise, with three tiles in dynamic shared memory (kThreadLinesSmemBytes)
+    CudaVariant("thread_kernel<64,offwide>", "thread_kernelILi64ELNS_9LaneCallsE4EE", 128, 1, 64, 64,
+                dynamic_smem=102400),
     *(CudaVariant(f"segment_kernel<{lanes}{suffix}>", f"segment_kernelILi{lanes}E{calls}E", 128, lanes,
                   lo, hi)
       for lanes, lo, hi in ((2, 17, 32), (4, 33, 64), (8, 65, 128), (16, 129, 256), (32, 257, 512))
@@ -207,7 +211,7 @@ WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
 # the other WIDE_LANE_BUILDS go to their kWide instantiations.
 CENTRED_LANE_BUILDS = ("grpo/fp32", "rloo/fp32", "dr_grpo/fp32", "maxrl/fp32")
 # The float32 call with deltas that the launcher sends to the kWideOffPolicy instantiations (its
-# bank in the estimator build), thread_kernel<32> included.
+# bank in the estimator build), thread_kernel<32> and (groups of exactly 64) thread_kernel<64> included.
 OFF_WIDE_BUILDS = ("maxk_offpolicy/fp32",)
 
 
@@ -674,7 +678,7 @@ def cuda_rows(build: str, defines: list[str], work: str, variants=CUDA_VARIANTS,
         r = res[name]
         st, ld = spills.get(name, (0, 0))
         c = sass_counts(funcs[name], radix_passes(build, source, v.block_threads))
-        shared = smem.get(name, r.shared)
+        shared = smem.get(name, r.shared) + v.dynamic_smem
         blocks, occ = occupancy(r.regs, shared, v.block_threads)
         rows.append(KernelRow("cuda", v.name, build, v.block_threads, v.group_threads, r.regs, st, ld, r.local,
                               shared, blocks, occ, _loops_text(c.loops), c.cold, c.static, c.weighted, c.path))

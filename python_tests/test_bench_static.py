@@ -155,7 +155,10 @@ def test_variant_for_n_follows_the_launcher():
     assert sk.cuda_variant_for(48).name == "segment_kernel<4,wide>"
     assert sk.cuda_variant_for(64, {"segment_kernel<4,wide>"}, build="maxk_loo1/fp32").name == "segment_kernel<4,wide>"
     assert sk.cuda_variant_for(64, build="grpo/fp32").name == "segment_kernel<4,centred>"
-    assert sk.cuda_variant_for(64, build="maxk_offpolicy/fp32").name == "segment_kernel<4,offwide>"
+    assert sk.cuda_variant_for(64, build="maxk_offpolicy/fp32").name == "thread_kernel<64,offwide>"
+    assert sk.cuda_variant_for(63, build="maxk_offpolicy/fp32").name == "segment_kernel<4,offwide>"
+    assert sk.cuda_variant_for(64, {"segment_kernel<4,offwide>"}, build="maxk_offpolicy/fp32").name == "segment_kernel<4,offwide>"
+    assert sk.cuda_variant_for(64, build="maxk_loo1/fp32").name != "thread_kernel<64,offwide>"
     assert sk.cuda_variant_for(64, build="default").name == "segment_kernel<4>"
     assert sk.cuda_variant_for(64, {"segment_kernel<4>"}, build="grpo/fp32").name == "segment_kernel<4>"
     # an older launcher: the sub-warp kernel at 32, a 32-thread block at 64

@@ -16,10 +16,12 @@
 //                17..32 samples (segment_exec.h): 2 lanes per group, 16 ranks per lane in
 //                registers, each lane's slots sorted by the odd-even network and merged across
 //                lanes by shuffles, the lane executor's serial scans carried across lanes;
-//   * n <= 64:   float32 rewards and a kWide call: the segment kernel below (4 lanes) first, for
-//                every group of fewer than 64 samples, then thread_kernel<64> for the groups of
-//                exactly 64 (every group of a [G, 64] batch; packed sort words, as at 32, and the
-//                bank's block for 64 staged in shared memory); otherwise as below, with 4 lanes;
+//   * n <= 64:   float32 rewards and a kWide or kWideOffPolicy call: the segment kernel below
+//                (4 lanes) first, for every group of fewer than 64 samples, then thread_kernel<64>
+//                for the groups of exactly 64 (every group of a [G, 64] batch; packed sort words,
+//                as at 32, and the bank's block for 64 staged in shared memory; off-policy, the
+//                deltas and their prefix sums in shared-memory lines, thread_group_lines);
+//                otherwise as below, with 4 lanes;
 //   * n <= 512:  the same with 4, 8, 16 or 32 lanes per group (segment_kernel<P>, 16 P samples);
 //                the segment kernel is instantiated per set of calls too (kAll and the float sets)
 //                and stages its samples through a shared-memory tile as well;
@@ -695,9 +697,10 @@ __global__ void __launch_bounds__(BLOCK, 1) block_kernel(int dtype, const void* 
 
 // Group sizes the small-group kernel takes: up to 16 for every call, up to 32 for float32 rewards
 // and the LaneCalls::kWide and kWideOffPolicy calls (group_math.h), and exactly 64 for float32
-// rewards and the kWide calls (thread_bucket_lo, guards.h). Wider than 16, float64 (key, index)
-// pairs and the other estimators' extra arrays would not fit in registers; at 64, neither would
-// kWideOffPolicy's deltas and their prefix sums (sm_90: about 550 bytes of spills).
+// rewards and the kWide and kWideOffPolicy calls (thread_bucket_lo, guards.h). Wider than 16,
+// float64 (key, index) pairs and the other estimators' extra arrays would not fit in registers; at
+// 64, neither would kWideOffPolicy's deltas and their prefix sums (sm_90: about 550 bytes of
+// spills), which go to shared memory there (thread_group_lines).
 constexpr int kThreadKernelMax = 16;
 constexpr int kThreadKernelMaxWide = 64;
 static_assert(thread_bucket_lo(kThreadKernelMaxWide) == kThreadKernelMaxWide - 1,
@@ -709,8 +712,8 @@ static_assert(thread_bucket_lo(kThreadKernelMaxWide) == kThreadKernelMaxWide - 1
 // per SM). The launcher picks one per call (small_group_kernel): at W = 8 and 16, kCentred for
 // grpo, rloo, dr_grpo and maxrl on float32 rewards, kWide for maxk, passk and maxk_loo1 from a bank
 // on float32 rewards, kWideOffPolicy for maxk_offpolicy from a bank on float32 rewards, kAll for
-// the other off-policy calls and kOnPolicy for every other call; at W = 32, kWide or
-// kWideOffPolicy; at W = 64, kWide.
+// the other off-policy calls and kOnPolicy for every other call; at W = 32 and 64, kWide or
+// kWideOffPolicy.
 
 // Where a thread's group lives. GlobalGroup: in the tensors (float64; index i of the group is
 // element lo + i). TileGroup: float32, float16 and bfloat16 samples as floats in the block's
@@ -745,11 +748,12 @@ struct TileGroupAt {
   static constexpr bool kMayBeF64 = false;
   float* tile;          // rewards in, advantages out (rounded to the dtype, clipped): each thread
                         // reads and writes only its own samples
-  const float* deltas;  // the deltas' tile (off-policy calls)
-  int base;             // the group's first tile position (before tile_slot)
-  int dtype;            // of the tensors: the delta clamp rounds to it
+  float* deltas;  // the deltas' tile (off-policy calls)
+  int base;       // the group's first tile position (before tile_slot)
+  int dtype;      // of the tensors: the delta clamp rounds to it
   const double* full_bank;  // the call's bank block for groups of W samples in shared memory, or
                             // null (stage_full_bank)
+  float* ranked;  // a third tile for groups of 64 off-policy (thread_group_lines), else null
   __device__ __forceinline__ int slot(int i) const {
     return kOneLine ? tile_slot(base, kLineBits) + i : tile_slot(base + i, kLineBits);
   }
@@ -760,7 +764,11 @@ struct TileGroupAt {
   __device__ __forceinline__ void store(int i, double v) const { tile[slot(i)] = float(v); }
   __device__ __forceinline__ void store_float(int i, float f) const { tile[slot(i)] = f; }
   __device__ __forceinline__ bool in_one_line(int n) const { return tile_in_one_line(base, n, kLineBits); }
-  __device__ __forceinline__ TileGroupAt<true, kLineBits> one_line() const { return {tile, deltas, base, dtype, full_bank}; }
+  __device__ __forceinline__ TileGroupAt<true, kLineBits> one_line() const {
+    return {tile, deltas, base, dtype, full_bank, ranked};
+  }
+  // The group's line of one of the block's tiles (a group in one line: kOneLine).
+  __device__ __forceinline__ float* line(float* of_tile) const { return of_tile + tile_slot(base, kLineBits); }
 };
 template <int kLineBits>
 using TileGroup = TileGroupAt<false, kLineBits>;
@@ -865,6 +873,68 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
   compute_group(ex, p, x, delta);
 }
 
+// Where thread_group_lines' values go: slot s's final value, clipped and rounded to float, into
+// the deltas' line at s (compute_group emits slot s after its last read there); the caller then
+// scatters them to the group's source indices. The deltas' prefix sums (SumVec) take the rewards'
+// line and the raw deltas' line, both free once the group is sorted and its deltas ranked. Each
+// emit ends with a compiler fence (an empty asm that clobbers memory), so the reverse walk's loads
+// after it read the lines: without it nvcc carried the prefix sums and ranked deltas in registers
+// from the forward walk that stored them and spilled 544 bytes (sm_90); volatile lines stopped
+// that too, but at two loads of each value per slot.
+template <int W, LaneCalls C, class Group>
+struct RankedLineSink {
+  static constexpr bool kClipsOnStore = true;
+  static constexpr LaneCalls kCalls = C;
+  using SumVec = SplitDoubleLines;
+  int idx[W];  // source index (within the group) of sorted slot s
+  Group group;
+  float lo, hi;  // the clip bounds rounded to float
+  float* ranked;
+  SplitDoubleLines prefix_lines;
+  __device__ __forceinline__ void bind(SplitDoubleLines& a) const { a = prefix_lines; }
+  __device__ __forceinline__ void operator()(int s, double v) {
+    ranked[s] = clip_rounded(float(v), lo, hi);
+    asm volatile("" ::: "memory");
+  }
+};
+
+// One full group of W = 64 samples off-policy (kWideOffPolicy: maxk_offpolicy on float32), with
+// only the rewards and the sort's indices in registers: the deltas in rank order (float) and their
+// prefix sums (double, as two words) would need 192 more, and spilled (sm_90: about 550 bytes).
+// They live in the thread's own lines of three tiles instead, reused as the group goes:
+//   rewards' line:  rewards in -> (after the sort) the prefix sums' high words -> the outputs
+//   deltas' line:   raw deltas -> (after ranking them) the prefix sums' low words
+//   ranked line:    the clamped deltas in rank order -> each slot's output (RankedLineSink)
+// The arithmetic is compute_group's on LaneExec, value for value (test_group_math).
+template <int W, LaneCalls C, class Group>
+__device__ __forceinline__ void thread_group_lines(const Group& group, bool off_policy, const Params& p) {
+  using Ex = LaneExec<W, RankedLineSink<W, C, Group>, true>;
+  Ex ex;
+  ex.staged_bank = group.full_bank;
+  ex.sink.group = group;
+  ex.sink.lo = float(p.clip_lo);
+  ex.sink.hi = float(p.clip_hi);
+  float* const rewards_line = group.line(group.tile);
+  float* const deltas_line = group.line(group.deltas);
+  ex.sink.ranked = group.line(group.ranked);
+  ex.sink.prefix_lines = SplitDoubleLines{rewards_line, deltas_line};
+  typename Ex::Vec x;
+  if (!load_sorted_narrow<W>(true, ex, x)) {
+#pragma unroll 1  // a cold path (a NaN or inf reward), as nan_fill
+    for (int i = 0; i < W; ++i) group.store(i, BK_NAN);
+    return;
+  }
+  // Addressed from the lines (one LEA per access; through group.delta and group.store the slot
+  // arithmetic took two).
+  const LineArray ranked{ex.sink.ranked};  // the deltas by rank, then the outputs by rank
+  BK_UNROLL
+  for (int s = 0; s < W; ++s)
+    ranked[s] = off_policy ? float(clamp_tile_delta(group.dtype, deltas_line[ex.sink.idx[s]], p)) : 0.0f;
+  compute_group(ex, p, x, ranked);
+  BK_UNROLL
+  for (int s = 0; s < W; ++s) rewards_line[ex.sink.idx[s]] = ranked[s];
+}
+
 // A group that fills the W slots and lies in one line of the tile (every group of a [G, n] batch;
 // the static analysis build assumes it) runs with the size a compile-time constant and constant
 // tile offsets; any other group runs the general copy. At W = 64 every group is such a group
@@ -872,7 +942,12 @@ __device__ __forceinline__ void thread_group(const Group& group, bool off_policy
 // (sm_90: 132-264 bytes), is not compiled.
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_sized(const Group& group, bool off_policy, const Params& p, int n) {
-  if constexpr (W == kThreadKernelMaxWide) {
+  if constexpr (W == kThreadKernelMaxWide && C == LaneCalls::kWideOffPolicy) {
+    if constexpr (Group::kMayBeF64)  // never: the float sets take float32 only, in the tile
+      for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
+    else
+      thread_group_lines<W, C>(group.one_line(), off_policy, p);
+  } else if constexpr (W == kThreadKernelMaxWide) {
     thread_group<W, true, C>(group.one_line(), off_policy, p, n);
   } else {
     if (kStaticFullGroups || (n == W && group.in_one_line(n))) thread_group<W, true, C>(group.one_line(), off_policy, p, n);
@@ -909,6 +984,22 @@ __device__ __forceinline__ void thread_group_call(const Group& group, bool off_p
 
 constexpr int kThreadBlock = 128;
 
+// Words of thread_kernel<W>'s tiles: kThreadBlock groups of W samples, in lines (tile_slot).
+constexpr int thread_tile_words(int W) { return tile_slot(kThreadBlock * W - 1, tile_line_bits(W)) + 1; }
+
+// thread_kernel<64> of kWideOffPolicy keeps three tiles (thread_group_lines) and the staged bank
+// block: 102,400 bytes, over the 48 KB of static shared memory a block may declare, so it takes
+// them as dynamic shared memory, tiles first and the block at kLinesBankOffset; the launcher
+// raises the kernel's limit to kThreadLinesSmemBytes (2 blocks per SM on sm_90, 1 on sm_80).
+constexpr bool thread_kernel_lines(int W, LaneCalls C) {
+  return W == kThreadKernelMaxWide && C == LaneCalls::kWideOffPolicy;
+}
+constexpr int kLinesTileWords = thread_tile_words(kThreadKernelMaxWide);
+constexpr int kLinesBankOffset = (3 * kLinesTileWords + 1) / 2;  // in doubles, after the tiles
+constexpr int kThreadLinesSmemBytes = (kLinesBankOffset + 5 * kThreadKernelMaxWide + 1) * int(sizeof(double));
+static_assert(kThreadLinesSmemBytes == 102400, "bench/static_kernels.py counts 102,400 bytes (occupancy)");
+static_assert(2 * (kThreadLinesSmemBytes + 1024) <= 228 * 1024, "two blocks per SM on sm_90");
+
 // The bank block of the groups that fill thread_kernel<W> (n = W, every group of a [G, W] batch),
 // copied by the block's threads into `staged` (5 W + 1 doubles); null, with nothing copied, when
 // the call has no bank or no well-formed block for W (with_tables' checks). The caller's next
@@ -944,7 +1035,7 @@ constexpr int thread_kernel_min_blocks() {
     case LaneCalls::kAll: return 1;
     case LaneCalls::kCentred: return W <= 8 ? 8 : 5;
     case LaneCalls::kWide: return W <= 8 ? 8 : (W <= 16 ? 4 : 2);  // (W = 64: 2 as well)
-    case LaneCalls::kWideOffPolicy: return W <= 8 ? 5 : (W <= 16 ? 3 : 2);
+    case LaneCalls::kWideOffPolicy: return W <= 8 ? 5 : (W <= 16 ? 3 : 2);  // (W = 64: 2, by its shared memory)
     default: return W <= 8 ? 5 : kOnPolicyBlocksAt16;
   }
 }
@@ -976,14 +1067,20 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
   // out with coalesced accesses; any other block (malformed offsets, a group of the launch's other
   // kernel) copies each computed group to and from its thread's own W slots. float64 works on the
   // tensors directly.
-  constexpr int kTile = kThreadBlock * W;
   constexpr int kLineBits = tile_line_bits(W);
-  __shared__ float tile[tile_slot(kTile - 1, kLineBits) + 1];
+  constexpr int kTileWords = thread_tile_words(W);
+  constexpr bool kLines = thread_kernel_lines(W, C);  // three tiles, in dynamic shared memory
   constexpr bool kDeltaTile = lane_takes_deltas(C);
-  __shared__ float delta_tile[kDeltaTile ? tile_slot(kTile - 1, kLineBits) + 1 : 1];
-  const bool stage_deltas = kDeltaTile && off_policy;
   constexpr bool kStageBank = W == kThreadKernelMaxWide;
-  __shared__ double bank_block[kStageBank ? 5 * W + 1 : 1];
+  __shared__ float static_tile[kLines ? 1 : kTileWords];
+  __shared__ float static_delta_tile[kDeltaTile && !kLines ? kTileWords : 1];
+  __shared__ double static_bank[kStageBank && !kLines ? 5 * W + 1 : 1];
+  extern __shared__ double lines_smem[];  // kLines only: kThreadLinesSmemBytes
+  float* const tile = kLines ? reinterpret_cast<float*>(lines_smem) : static_tile;
+  float* const delta_tile = kLines ? tile + kTileWords : static_delta_tile;
+  float* const ranked_tile = kLines ? tile + 2 * kTileWords : nullptr;
+  double* const bank_block = kLines ? lines_smem + kLinesBankOffset : static_bank;
+  const bool stage_deltas = kDeltaTile && off_policy;
   const double* full_bank = kStageBank ? stage_full_bank<W>(p, bank_block) : nullptr;  // (before the barrier)
   const bool whole_block = __syncthreads_and(!live || thread_tile_fits(begin, end, total, W));  // uniform
   if (dtype != BK_FLOAT64) {
@@ -999,7 +1096,7 @@ __global__ void __launch_bounds__(kThreadBlock, (thread_kernel_min_blocks<W, C>(
     if (whole_block) __syncthreads();
     if (span.action == GROUP_COMPUTE)
       thread_group_call<W, C>(
-          TileGroup<kLineBits>{tile, delta_tile, int(copy.at + span.lo - copy.lo), dtype, full_bank}, off_policy, p,
+          TileGroup<kLineBits>{tile, delta_tile, int(copy.at + span.lo - copy.lo), dtype, full_bank, ranked_tile}, off_policy, p,
           int(span.hi - span.lo));
     const auto copy_out = [&](int i, int slot) { store_rounded(dtype, out, copy.lo + i, tile[slot]); };
     if (whole_block) __syncthreads();
@@ -1029,8 +1126,7 @@ inline LaneCalls float_set_of(int dtype, const Params& p) {
 // Whether thread_kernel<cap> takes the calls of a float set, cap = 32 or 64: at 32 it holds every
 // group of a launch bounded by cap, at 64 the groups of exactly 64 (thread_bucket_lo, guards.h).
 inline bool wide_thread_takes(LaneCalls floats, int cap) {
-  if (cap == 32) return floats == LaneCalls::kWide || floats == LaneCalls::kWideOffPolicy;
-  return cap == kThreadKernelMaxWide && floats == LaneCalls::kWide;
+  return (cap == 32 || cap == kThreadKernelMaxWide) && (floats == LaneCalls::kWide || floats == LaneCalls::kWideOffPolicy);
 }
 
 using ThreadKernel = void (*)(int, const void*, const int64_t*, const void*, void*, int64_t, int64_t, Params, int64_t);
@@ -1051,7 +1147,9 @@ ThreadKernel thread_kernel_for(LaneCalls calls) {
 // takes the call: its float set (`floats`, float_set_of), else kOnPolicy or, with deltas, kAll.
 inline ThreadKernel small_group_kernel(int cap, LaneCalls floats, const Params& p) {
   if (wide_thread_takes(floats, cap)) {
-    if (cap == kThreadKernelMaxWide) return thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>;
+    if (cap == kThreadKernelMaxWide)
+      return floats == LaneCalls::kWide ? thread_kernel<kThreadKernelMaxWide, LaneCalls::kWide>
+                                        : thread_kernel<kThreadKernelMaxWide, LaneCalls::kWideOffPolicy>;
     return floats == LaneCalls::kWide ? thread_kernel<32, LaneCalls::kWide> : thread_kernel<32, LaneCalls::kWideOffPolicy>;
   }
   const LaneCalls calls = floats != LaneCalls::kAll ? floats
@@ -1078,11 +1176,35 @@ inline unsigned segment_blocks(int64_t num_groups, int lanes) {
 }
 
 template <class Kernel, class... Extra>
-cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, int dtype,
-                   const void* values, const int64_t* offsets, const void* deltas, void* out, int64_t num_groups,
-                   int64_t total, const Params& p, Extra... extra) {
-  kernel<<<blocks, threads, 0, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p, extra...);
+cudaError_t launch_smem(Kernel kernel, unsigned blocks, unsigned threads, int smem_bytes, cudaStream_t stream,
+                        int dtype, const void* values, const int64_t* offsets, const void* deltas, void* out,
+                        int64_t num_groups, int64_t total, const Params& p, Extra... extra) {
+  kernel<<<blocks, threads, smem_bytes, stream>>>(dtype, values, offsets, deltas, out, num_groups, total, p, extra...);
   return cudaGetLastError();
+}
+template <class Kernel, class... Extra>
+cudaError_t launch(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, Extra... args) {
+  return launch_smem(kernel, blocks, threads, 0, stream, args...);
+}
+
+// Whether thread_kernel<64> of kWideOffPolicy may take its kThreadLinesSmemBytes of dynamic shared
+// memory on the current device: raised once per device; false where the device allows a block
+// less (e.g. 99 KB on sm_86 and sm_89), and the segment kernel then takes those groups too.
+inline bool thread_lines_kernel_ready() {
+  constexpr int kDevices = 64;
+  static int ready[kDevices] = {};  // 0 unknown, 1 yes, -1 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  if (ready[device] == 0) {
+    const cudaError_t rc = cudaFuncSetAttribute(thread_kernel<kThreadKernelMaxWide, LaneCalls::kWideOffPolicy>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kThreadLinesSmemBytes);
+    if (rc != cudaSuccess) cudaGetLastError();  // (not sticky: clear it)
+    ready[device] = rc == cudaSuccess ? 1 : -1;
+  }
+  return ready[device] == 1;
 }
 
 }  // namespace cuda
@@ -1107,10 +1229,11 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   // Size buckets (guards.h): groups of up to 16 samples run one per thread; when the bound is
   // larger, a second kernel shaped by it takes the groups above 16 (the small ones skip it). Every
   // shape holds a power of two of samples (W, or BLOCK x ITEMS), so the bound's power of two picks it.
-  // Two float sets run one thread per group above 16: kWide and kWideOffPolicy at a bound of 32
-  // (thread_kernel<32> takes every group), and kWide at 64, where the segment kernel takes the
-  // groups below 64 first and thread_kernel<64> then those of exactly 64 (every group of a
-  // [G, 64] batch).
+  // Two float sets run one thread per group above 16, kWide and kWideOffPolicy: at a bound of 32
+  // thread_kernel<32> takes every group; at 64 the segment kernel takes the groups below 64 first
+  // and thread_kernel<64> then those of exactly 64 (every group of a [G, 64] batch), or, where the
+  // device cannot give kWideOffPolicy's instantiation its shared memory, the segment kernel takes
+  // them all.
   int cap = 8;
   while (cap < n) cap *= 2;
   const unsigned thread_blocks = unsigned((num_groups + kThreadBlock - 1) / kThreadBlock);
@@ -1118,10 +1241,14 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
   const int lo = kThreadKernelMax;
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
-  if (cap == kThreadKernelMaxWide && wide_thread_takes(floats, cap)) {
+  const bool lines = floats == bk::LaneCalls::kWideOffPolicy;  // at 64: thread_group_lines
+  if (cap == kThreadKernelMaxWide && wide_thread_takes(floats, cap) && (!lines || thread_lines_kernel_ready())) {
     rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, 0, cap - 1);
     if (rc == cudaSuccess)
-      rc = launch(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
+      rc = launch_smem(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock,
+                       lines ? kThreadLinesSmemBytes : 0, BK_ARGS, int64_t(cap));
+  } else if (cap == kThreadKernelMaxWide && wide_thread_takes(floats, cap)) {  // (no room for the lines)
+    rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, 0, cap);
   } else {
     rc = launch(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
     if (rc == cudaSuccess) {

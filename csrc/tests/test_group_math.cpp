@@ -999,8 +999,93 @@ void check_wide_lane_64() {
   expect_close(staged_checked >= 6, 1, 0.0, "the staged block is checked for every kWide call", staged_checked, 0, 0);
 }
 
+// The CUDA kernel's groups of 64 off-policy (thread_group_lines, advantages.cu) with its memory:
+// the rewards in registers, the clamped deltas ranked into a line of floats, their prefix sums as
+// split doubles on two more lines (the rewards' and raw deltas', here holding garbage first), and
+// each slot's value emitted into the deltas' line at its slot, then scattered by source index (the
+// kernel's float; the test also keeps the double, where a prefix sum's lost low bits would show).
+struct RankedLines {
+  static constexpr bk::LaneCalls kCalls = bk::LaneCalls::kWideOffPolicy;
+  using SumVec = bk::SplitDoubleLines;
+  float* ranked;
+  double* emitted;
+  bk::SplitDoubleLines prefix;
+  void bind(bk::SplitDoubleLines& a) const { a = prefix; }
+  void operator()(int s, double v) {
+    ranked[s] = float(v);
+    emitted[s] = v;
+  }
+};
+
+// The values by source index: the floats the lines hold, and the doubles emitted.
+std::pair<std::vector<float>, std::vector<double>> run_ranked_lines(int code, const std::vector<double>& g, const std::vector<double>& delta,
+                                    const bk::Params* base) {
+  constexpr int W = 64;
+  const bk::Params p = call_params(code, 1, 1e-6, base);
+  std::vector<std::pair<double, int32_t>> pairs(W);
+  for (int i = 0; i < W; ++i) pairs[i] = {g[i], i};
+  bk::sort_pairs(pairs.data(), W);
+  std::vector<float> rewards_line(W, 7.0f), deltas_line(W, -3.0f), ranked(W);  // (garbage in the lines)
+  std::vector<double> emitted(W, NAN);
+  bk::LaneExec<W, RankedLines, true> ex;
+  ex.sink.ranked = ranked.data();
+  ex.sink.emitted = emitted.data();
+  ex.sink.prefix = bk::SplitDoubleLines{rewards_line.data(), deltas_line.data()};
+  bk::LaneExec<W, RankedLines, true>::Vec x;
+  for (int s = 0; s < W; ++s) {
+    x[s] = float(pairs[s].first);
+    ranked[s] = float(delta[pairs[s].second]);
+  }
+  bk::LineArray deltas{ranked.data()};
+  bk::compute_group(ex, p, x, deltas);
+  std::vector<float> out(W);
+  std::vector<double> out_double(W);
+  for (int s = 0; s < W; ++s) {
+    out[pairs[s].second] = ranked[s];
+    out_double[pairs[s].second] = emitted[s];
+  }
+  return {out, out_double};
+}
+
+// The ranked lines give the register arrays' values (LaneExec<64> of kWideOffPolicy) bit for bit,
+// rounded to float as the kernel stores them: an emit that overwrote a slot still to be read, or a
+// prefix sum that lost bits in its two words, would show. Rewards with ties and without; deltas of
+// both signs, of one scale or of scales 2^0..2^-40 (their prefix sums then need every bit of a
+// double: deltas of one scale sum to about 30 significant bits, and a lost low half-word would go
+// unseen), all zero, and one inf (the group's NaN).
+void check_ranked_lines_64() {
+  std::mt19937_64 rng(6464);
+  const std::vector<double> mix = {1.0, 0.5, 1.0 / 3, 0.25};
+  int compared = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    std::vector<double> g, delta;
+    draw_group<float>(rng, bk::MAXK_OFFPOLICY, 64, trial % 2 ? 3 : 2, g, delta);  // odd trials: no ties
+    if (trial >= 6)
+      for (double& d : delta) d = double(float(std::ldexp(d, -int(rng() % 41))));
+    if (trial == 4) std::fill(delta.begin(), delta.end(), 0.0);
+    if (trial == 5) delta[17] = INFINITY;
+    const auto blk = bank_block(bk::MAXK_OFFPOLICY, 64, mix);
+    std::vector<int64_t> index(65, -1);
+    index[64] = 0;
+    const bk::Params base = bank_params(blk, index);
+    const auto want = run<SetLane<64, bk::LaneCalls::kWideOffPolicy>>(bk::MAXK_OFFPOLICY, g, delta, 1, 1e-6, &base);
+    const auto serial = run<bk::SerialExec>(bk::MAXK_OFFPOLICY, g, delta, 1, 1e-6, &base);
+    const auto [got, got_double] = run_ranked_lines(bk::MAXK_OFFPOLICY, g, delta, &base);
+    for (int i = 0; i < 64; ++i) {
+      expect_close(got[i], float(want[i]), 0.0, "ranked lines W = 64 = register lane, bit for bit", 64, trial, i);
+      expect_close(got_double[i], want[i], 0.0, "ranked lines W = 64 = register lane, the doubles", 64, trial, i);
+      expect_close(want[i], serial[i], 1e-11, "lane W = 64 (kWideOffPolicy) = serial", 64, trial, i);
+      compared += !std::isnan(want[i]);
+    }
+    if (trial == 5) expect_close(got[0], NAN, 0.0, "ranked lines: an inf delta NaN-fills the group", 64, trial, 0);
+  }
+  expect_close(compared >= 11 * 64, 1, 0.0, "ranked lines compared finite values", compared, 0, 0);
+}
+
 void check_lane_sets() {
   check_wide_lane_64();
+  check_ranked_lines_64();
+  check_lane_set<64, bk::LaneCalls::kWideOffPolicy>("wide off-policy lane");
   check_lane_set<64, bk::LaneCalls::kWide>("wide lane");
   check_lane_set<32, bk::LaneCalls::kWide>("wide lane");
   check_lane_set<16, bk::LaneCalls::kWide>("wide lane");

@@ -153,6 +153,27 @@ BK_HD uint64_t double_to_bits(double d) {
 #endif
 }
 
+// A float's bits, and the float of given bits (bit for bit: no NaN is canonicalised).
+BK_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+BK_HD float float_from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
 // A float's bits as an unsigned integer in the same order (negatives: all bits flipped; the rest:
 // sign bit set), and back. Exact for every float, so a float16/bfloat16/float32 reward is recovered
 // from its sort key without a second load.

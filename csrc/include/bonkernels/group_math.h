@@ -390,8 +390,8 @@ BK_HD void delta_prefix(Ex& ex, Vec& delta, SumVec& dsum) {
 //   S1 = sum_{t>j} O_t x_t, S2 = sum O_t delta_t x_t, S3 = sum Q_t dsum_t x_t, S4 = sum Q_t x_t,
 // then A_j = (1 + delta_j)(D_j x_j + S1) + O_j dsum_j x_j + S2 + S3 - delta_j S4. Calls
 // emit(s, natural value). Over real_t<Ex>, as maxk_values.
-template <class Ex, class Tables, class Vec, class SumVec, class Emit>
-BK_HD void maxk_offpolicy_values(Ex& ex, Tables& t, Vec& x, Vec& delta, SumVec& dsum, Emit emit) {
+template <class Ex, class Tables, class Vec, class DeltaVec, class SumVec, class Emit>
+BK_HD void maxk_offpolicy_values(Ex& ex, Tables& t, Vec& x, DeltaVec& delta, SumVec& dsum, Emit emit) {
   using R = real_t<Ex>;
   ex.scan(
       true, dvec_zero<4, R>(), SumOp(),
@@ -405,8 +405,8 @@ BK_HD void maxk_offpolicy_values(Ex& ex, Tables& t, Vec& x, Vec& delta, SumVec& 
         return v;
       },
       [&](int s, int j, const DVec<4, R>& S) {
-        emit(s, (1.0 + delta[s]) * (t.D(s, j) * x[s] + S.v[0]) + t.O(s, j) * dsum[s] * x[s] + S.v[1] + S.v[2] -
-                    delta[s] * S.v[3]);
+        const R own = t.D(s, j) * x[s] + S.v[0];  // (1 + delta_j) own: one fused multiply-add on the GPU
+        emit(s, own + delta[s] * own + t.O(s, j) * dsum[s] * x[s] + S.v[1] + S.v[2] - delta[s] * S.v[3]);
       });
 }
 
@@ -471,12 +471,16 @@ BK_HD void centred_values(Ex& ex, int code, double eps, typename Ex::Vec& x, Emi
   }
 }
 
-// One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only);
-// for the order_free estimators (common.h) any order of x is fine. A group holding a NaN may be in
-// any order: it only needs every slot present once.
-// Emits every slot's final value (scale, too-small rule and clip applied).
-template <class Ex>
-BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, typename Ex::Vec& delta) {
+// One group, sorted ascending in x (delta: the clamped deltas in the same order, off-policy only;
+// Ex::Vec or any array of the same values, e.g. LineArray); for the order_free estimators
+// (common.h) any order of x is fine. A group holding a NaN may be in any order: it only needs
+// every slot present once.
+// Emits every slot's final value (scale, too-small rule and clip applied). On the lane executor
+// (slots walked in order) maxk_offpolicy emits slot s after its last read of delta[s] and
+// dsum[s], and reads no slot after emitting it: the CUDA kernel's groups of 64 emit into the
+// deltas' own line (lane_exec.h LineArray; test_group_math checks it bit for bit).
+template <class Ex, class DeltaVec>
+BK_HD void compute_group(Ex& ex, const Params& p, typename Ex::Vec& x, DeltaVec& delta) {
   using Vec = typename Ex::Vec;
   const int n = ex.n;
   if (n <= 0) return;

@@ -72,6 +72,41 @@ struct SlotArray {
   BK_HD T& operator[](int s) { return v[s]; }
 };
 
+// Per-slot arrays kept in memory instead of registers, for a group whose arrays do not all fit in a
+// thread's registers: the CUDA small-group kernel's groups of 64 off-policy (thread_kernel<64> of
+// kWideOffPolicy) keep the clamped deltas and their prefix sums in the thread's own lines of its
+// block's shared-memory tiles, and only the rewards and the sort's indices in registers. The host
+// tests run the same types over plain memory. A line holds one 32-bit word per slot. (nvcc sees
+// every line's address and may forward a value stored to a line to its later loads, holding the
+// values in registers after all: the kernel's sink fences each emit against that, see
+// RankedLineSink in advantages.cu.)
+//
+// LineArray: a float per slot (the deltas, exact in float: the set takes float32 deltas only).
+struct LineArray {
+  float* line;
+  BK_HD float& operator[](int s) const { return line[s]; }
+};
+
+// A double per slot, split into its high and low 32-bit halves on two lines, so the value read
+// back is the double written, bit for bit (the deltas' prefix sums: the same values as in a
+// register array, where a float would round them).
+struct SplitDoubleLines {
+  float* hi;
+  float* lo;
+  struct Ref {
+    float* hi;
+    float* lo;
+    BK_HD operator double() const { return bits_to_double(uint64_t(float_bits(*hi)) << 32 | float_bits(*lo)); }
+    BK_HD Ref& operator=(double v) {
+      const uint64_t b = double_to_bits(v);
+      *hi = float_from_bits(uint32_t(b >> 32));
+      *lo = float_from_bits(uint32_t(b));
+      return *this;
+    }
+  };
+  BK_HD Ref operator[](int s) const { return {hi + s, lo + s}; }
+};
+
 // Where LaneExec puts a final value: slot s of the sorted group (the caller scatters them).
 template <int W>
 struct SlotValues {
@@ -92,6 +127,22 @@ struct LaneSize<W, true> {
   BK_HD void set_size(int) {}
 };
 
+// A sink's own array type for the values computed in the group (Sink::SumVec), else Default.
+template <class Sink, class Default, class = void>
+struct sink_sum_vec {
+  using type = Default;
+};
+template <class Sink, class Default>
+struct sink_sum_vec<Sink, Default, std::void_t<typename Sink::SumVec>> {
+  using type = typename Sink::SumVec;
+};
+
+// Whether the sink points an array of type A at its memory (sink.bind(a)).
+template <class Sink, class A, class = void>
+struct sink_binds : std::false_type {};
+template <class Sink, class A>
+struct sink_binds<Sink, A, std::void_t<decltype(std::declval<Sink&>().bind(std::declval<A&>()))>> : std::true_type {};
+
 template <int W, class Sink = SlotValues<W>, bool kFull = false>
 struct LaneExec : LaneSize<W, kFull> {
   static constexpr bool kClipsOnStore = clips_on_store<Sink>::value;  // the sink clips (group_math.h)
@@ -101,7 +152,9 @@ struct LaneExec : LaneSize<W, kFull> {
   // every array of computed values (SumVec). Half the registers of a double array.
   using Elem = std::conditional_t<lane_arrays_in_float(kCalls), float, double>;
   using Vec = SlotArray<Elem, W>;
-  using SumVec = SlotArray<double, W>;  // values computed in the group (sum_vec_t, group_math.h)
+  // Values computed in the group (sum_vec_t, group_math.h): double registers, or the sink's lines
+  // in memory where it has them (Sink::SumVec, bound by alloc: SplitDoubleLines).
+  using SumVec = typename sink_sum_vec<Sink, SlotArray<double, W>>::type;
 
   using LaneSize<W, kFull>::n;  // group size, 1 <= n <= W (set_size)
   Sink sink;                    // receives emit(s, value)
@@ -110,8 +163,12 @@ struct LaneExec : LaneSize<W, kFull> {
   // thread block (in global memory, nvcc hoisted about 128 of its loads ahead and spilled).
   const double* staged_bank = nullptr;
 
+  // Vec and a register SumVec: fixed arrays, nothing to allocate; a SumVec of the sink's lines:
+  // the sink points it at them (Sink::bind).
   template <class Array>
-  BK_HD void alloc(Array&) {}  // Vec or SumVec: fixed arrays, nothing to allocate
+  BK_HD void alloc(Array& a) {
+    if constexpr (sink_binds<Sink, Array>::value) sink.bind(a);
+  }
 
   template <class F>
   BK_HD void for_each(F f) {
