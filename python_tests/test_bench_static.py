@@ -214,6 +214,21 @@ def test_quick_run_parses_a_real_cubin(tmp_path):
     assert (tmp_path / "REPORT.md").exists() and (tmp_path / "kernels.csv").exists()
 
 
+@pytest.mark.skipif(sk.find_tool("nvcc") is None, reason="nvcc not found")
+def test_kernel_spills_script_compiles_one_kernel():
+    # scripts/kernel_spills.sh cuts advantages.cu at its launcher and instantiates one kernel: the
+    # cut line and the kernels' parameters must still be what the script expects
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    run = subprocess.run(["bash", str(repo / "scripts" / "kernel_spills.sh"), "90",
+                          "thread_kernel<8, LaneCalls::kCentred>"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    line = run.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"sm_90 thread_kernel<8, LaneCalls::kCentred>: Used \d+ registers, "
+                        r"0 bytes spill stores, 0 bytes spill loads", line), line
+
+
 DIAMOND = """
 \t\tFunction : k
         /*0000*/                   ISETP.GE.AND P0, PT, R0, RZ, PT ;

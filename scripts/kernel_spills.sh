@@ -11,12 +11,13 @@
 #
 # ARCH: 80 or 90. KERNEL: thread_kernel<W, LaneCalls::...>, segment_kernel<P, LaneCalls::...> or
 # block_kernel<BLOCK, ITEMS>. DEFINEs go to nvcc as -D. Prints one line: registers and spill bytes
-# (ptxas -v). Work files in $KERNEL_SPILLS_DIR (default: a temporary directory, removed).
+# (ptxas -v; the cut leaves some constants unused, warning 177, silenced). Work files in
+# $KERNEL_SPILLS_DIR (default: a temporary directory, removed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ $# -lt 2 ]; then
-  sed -n '2,14p' "$0" >&2
+  sed -n '2,15p' "$0" >&2
   exit 2
 fi
 arch=$1
@@ -56,9 +57,25 @@ template __global__ void $kernel(int, const void*, const int64_t*, const void*, 
 }  // namespace bk
 EOF
 
-nvcc -O3 -std=c++17 --expt-relaxed-constexpr -I csrc/include -I csrc -arch="sm_$arch" -ptx "${defines[@]}" \
+# nvcc and ptxas: PATH's, else $CUDA_HOME's or /usr/local/cuda's.
+tool() {
+  local found
+  found=$(command -v "$1" || true)
+  for cand in "${CUDA_HOME:-}" /usr/local/cuda; do
+    if [ -z "$found" ] && [ -n "$cand" ] && [ -x "$cand/bin/$1" ]; then found="$cand/bin/$1"; fi
+  done
+  if [ -z "$found" ]; then
+    echo "kernel_spills: $1 not found (put the CUDA toolkit's bin on PATH or set CUDA_HOME)" >&2
+    exit 2
+  fi
+  echo "$found"
+}
+nvcc=$(tool nvcc)
+ptxas=$(tool ptxas)
+
+"$nvcc" -O3 -std=c++17 --expt-relaxed-constexpr -diag-suppress 177 -I csrc/include -I csrc -arch="sm_$arch" -ptx "${defines[@]}" \
   "$src" -o "$work/one_kernel.ptx"
-ptxas -arch="sm_$arch" -O3 -v "$work/one_kernel.ptx" -o "$work/one_kernel.cubin" > "$work/ptxas.log" 2>&1
+"$ptxas" -arch="sm_$arch" -O3 -v "$work/one_kernel.ptx" -o "$work/one_kernel.cubin" > "$work/ptxas.log" 2>&1
 regs=$(grep -oE 'Used [0-9]+ registers' "$work/ptxas.log" | head -1)
 spills=$(grep -oE '[0-9]+ bytes spill stores, [0-9]+ bytes spill loads' "$work/ptxas.log" | head -1)
 echo "sm_$arch $kernel: $regs, $spills"
