@@ -1018,8 +1018,9 @@ struct RankedLines {
 };
 
 // The values by source index: the floats the lines hold, and the doubles emitted.
-std::pair<std::vector<float>, std::vector<double>> run_ranked_lines(int code, const std::vector<double>& g, const std::vector<double>& delta,
-                                    const bk::Params* base) {
+std::pair<std::vector<float>, std::vector<double>> run_ranked_lines(int code, const std::vector<double>& g,
+                                                                    const std::vector<double>& delta,
+                                                                    const bk::Params* base) {
   constexpr int W = 64;
   const bk::Params p = call_params(code, 1, 1e-6, base);
   std::vector<std::pair<double, int32_t>> pairs(W);
