@@ -710,11 +710,14 @@ std::vector<int64_t> segment_offsets(std::mt19937_64& rng, int G, int cap, int o
 }
 
 // The segment kernel's launches: P lanes per group, sizes (n_lo, n_hi]. Mostly the second kernel
-// (n_lo = 16, n_hi = 16 P); for the kWide calls at a bound of 64 the first, (0, 63].
+// (n_lo = 16, n_hi = 16 P); for the kWide and kWideOffPolicy calls at a bound of 64 the first,
+// (0, 63], or the only one, (0, 64], where a device cannot give thread_kernel<64> of
+// kWideOffPolicy its shared memory.
 struct SegmentBucket {
   int P, n_lo, n_hi;
 };
-const SegmentBucket kSegmentBuckets[] = {{2, 16, 32}, {4, 16, 64}, {4, 0, 63}, {8, 16, 128}, {16, 16, 256}, {32, 16, 512}};
+const SegmentBucket kSegmentBuckets[] = {{2, 16, 32}, {4, 16, 64}, {4, 0, 63}, {4, 0, 64},
+                                         {8, 16, 128}, {16, 16, 256}, {32, 16, 512}};
 
 // Whether the block of groups [g0, last) takes the whole-block tile: every group passes segment_tile_fits.
 bool segment_block_fits(const std::vector<int64_t>& off, int64_t g0, int64_t last, int64_t total, const SegmentBucket& b) {
