@@ -706,6 +706,12 @@ constexpr int kThreadKernelMaxWide = 64;
 static_assert(thread_bucket_lo(kThreadKernelMaxWide) == kThreadKernelMaxWide - 1,
               "guards.h's size buckets give thread_kernel<kThreadKernelMaxWide> its groups of exactly that size");
 
+// Whether thread_kernel<W> of the set C keeps its groups' deltas and their prefix sums in
+// shared-memory lines (thread_group_lines) and its tiles in dynamic shared memory.
+constexpr bool thread_kernel_lines(int W, LaneCalls C) {
+  return W == kThreadKernelMaxWide && C == LaneCalls::kWideOffPolicy;
+}
+
 // The small-group kernel is instantiated for sets of calls (LaneCalls, group_math.h), each with
 // only its calls' code and so with the registers of its own most demanding path (a kernel holds
 // the registers of its largest path, so lighter calls in their own instantiation get more warps
@@ -942,7 +948,7 @@ __device__ __forceinline__ void thread_group_lines(const Group& group, bool off_
 // (sm_90: 132-264 bytes), is not compiled.
 template <int W, LaneCalls C, class Group>
 __device__ __forceinline__ void thread_group_sized(const Group& group, bool off_policy, const Params& p, int n) {
-  if constexpr (W == kThreadKernelMaxWide && C == LaneCalls::kWideOffPolicy) {
+  if constexpr (thread_kernel_lines(W, C)) {
     if constexpr (Group::kMayBeF64)  // never: the float sets take float32 only, in the tile
       for (int i = 0; i < n; ++i) group.store(i, BK_NAN);
     else
@@ -991,9 +997,6 @@ constexpr int thread_tile_words(int W) { return tile_slot(kThreadBlock * W - 1, 
 // block: 102,400 bytes, over the 48 KB of static shared memory a block may declare, so it takes
 // them as dynamic shared memory, tiles first and the block at kLinesBankOffset; the launcher
 // raises the kernel's limit to kThreadLinesSmemBytes (2 blocks per SM on sm_90, 1 on sm_80).
-constexpr bool thread_kernel_lines(int W, LaneCalls C) {
-  return W == kThreadKernelMaxWide && C == LaneCalls::kWideOffPolicy;
-}
 constexpr int kLinesTileWords = thread_tile_words(kThreadKernelMaxWide);
 constexpr int kLinesBankOffset = (3 * kLinesTileWords + 1) / 2;  // in doubles, after the tiles
 constexpr int kThreadLinesSmemBytes = (kLinesBankOffset + 5 * kThreadKernelMaxWide + 1) * int(sizeof(double));
@@ -1242,13 +1245,15 @@ extern "C" int bk_cuda_advantages(int dtype, const void* values, const int64_t* 
 #define BK_ARGS stream, dtype, values, offsets, deltas, out, num_groups, total, params
   cudaError_t rc;
   const bool lines = floats == bk::LaneCalls::kWideOffPolicy;  // at 64: thread_group_lines
-  if (cap == kThreadKernelMaxWide && wide_thread_takes(floats, cap) && (!lines || thread_lines_kernel_ready())) {
-    rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, 0, cap - 1);
-    if (rc == cudaSuccess)
-      rc = launch_smem(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock,
-                       lines ? kThreadLinesSmemBytes : 0, BK_ARGS, int64_t(cap));
-  } else if (cap == kThreadKernelMaxWide && wide_thread_takes(floats, cap)) {  // (no room for the lines)
-    rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, 0, cap);
+  if (cap == kThreadKernelMaxWide && wide_thread_takes(floats, cap)) {
+    if (!lines || thread_lines_kernel_ready()) {
+      rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, 0, cap - 1);
+      if (rc == cudaSuccess)
+        rc = launch_smem(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock,
+                         lines ? kThreadLinesSmemBytes : 0, BK_ARGS, int64_t(cap));
+    } else {  // no room for the lines: the segment kernel takes every group
+      rc = launch(segment_kernel_for<4>(floats), segment_blocks(num_groups, 4), kSegmentBlock, BK_ARGS, 0, cap);
+    }
   } else {
     rc = launch(small_group_kernel(cap, floats, params), thread_blocks, kThreadBlock, BK_ARGS, int64_t(cap));
     if (rc == cudaSuccess) {
