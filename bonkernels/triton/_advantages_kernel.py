@@ -288,6 +288,27 @@ def _bank_row(bank_ptr, block_at, row: tl.constexpr, n, cols, valid, LANES: tl.c
 
 
 @triton.jit
+def _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES: tl.constexpr):
+    """d_r, the probability that rank r is the largest of a k-subset: the bank's row 0, or the
+    single-k table."""
+    if has_bank != 0:
+        d = _bank_row(bank_ptr, block_at, 0, n, cols, valid, LANES)
+    else:
+        d = _max_table(rank, n, ksafe, LANES)
+    return d
+
+
+@triton.jit
+def _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES: tl.constexpr):
+    """o_r = d_r (k-1)/(r-1) for r >= 2 (0 at r = 1): the bank's row 1, or from the single-k d."""
+    if has_bank != 0:
+        o = _bank_row(bank_ptr, block_at, 1, n, cols, valid, LANES)
+    else:
+        o = tl.where(rank >= 2, d * (kf - 1.0) / tl.maximum(rf - 1.0, 1.0), 0.0)
+    return o
+
+
+@triton.jit
 def _pkpo_s(d, o, x, LANES: tl.constexpr):
     """PKPO s_j = Bagirov's on-policy weights (spec 2.2): d_j x_j + sum_{t > j} o_t x_t."""
     return d * x + _suffix_exclusive(o * x, LANES)
@@ -319,8 +340,7 @@ def _rloo_over_n(y, ysum, n, nf, nm1):
 
 @triton.jit
 def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has_bank, bank_ptr,
-                        bank_index_ptr, n, bank_index_len, cols, rank, rf, kf, d, o, x,
-                        LANES: tl.constexpr):
+                        block_at, n, cols, rank, rf, kf, d, o, x, LANES: tl.constexpr):
     """Bagirov's first-order off-policy weights, O(n) scan form (spec 3.2), and `bad` with the
     groups whose deltas are not finite."""
     dl_raw = _load(deltas_ptr + src, valid, 0.0, LANES)
@@ -337,8 +357,7 @@ def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has
     dl = dl.to(tl.float64)
     below = _prefix_exclusive(dl)
     if has_bank != 0:
-        q = _bank_row(bank_ptr, _bank_block(bank_index_ptr, n, bank_index_len), 2, n, cols, valid,
-                      LANES)
+        q = _bank_row(bank_ptr, block_at, 2, n, cols, valid, LANES)
     else:
         q = tl.where(rank >= 3, o * (kf - 2.0) / tl.maximum(rf - 2.0, 1.0), 0.0)
     s1 = _suffix_exclusive(o * x, LANES)
@@ -414,17 +433,17 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
 
     # the weight tables: single-k (spec 0.1), or read from a bank (one k's, or a mixture's: spec
     # 12); only for the estimators that weight by rank (the others leave them 0 and dead, which
-    # keeps registers free where a thread holds a whole group)
+    # keeps registers free where a thread holds a whole group). The leave-one-out estimators
+    # build d and o after their other tables' scans, so that fewer tiles are alive at once.
+    block_at = tl.full([GROUPS, 1], -1, tl.int64)
+    if has_bank != 0:
+        block_at = _bank_block(bank_index_ptr, n, bank_index_len)
     d = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
     o = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
-    if (sorts != 0) & (code != TANG_LOO) & (code != BON_MAX_MEAN) & (code != BON_MAX_SECOND):
-        if has_bank != 0:
-            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
-            d = _bank_row(bank_ptr, block_at, 0, n, cols, valid, LANES)
-            o = _bank_row(bank_ptr, block_at, 1, n, cols, valid, LANES)
-        else:
-            d = _max_table(rank, n, ksafe, LANES)
-            o = tl.where(rank >= 2, d * (kf - 1.0) / tl.maximum(rf - 1.0, 1.0), 0.0)
+    if ((sorts != 0) & (code != TANG_LOO) & (code != BON_MAX_MEAN) & (code != BON_MAX_SECOND)
+            & (code != MAXK_LOO) & (code != MAXK_LOO_CENTERED) & (code != MAXK_LOO1)):
+        d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
+        o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
 
     # shifted rewards: every estimator below that is shift-invariant uses y for accuracy
     xmin = tl.min(tl.where(valid, x, float("inf")), axis=1)[:, None]  # x[:, 0] when sorted
@@ -441,34 +460,37 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         # s_j - c max@k(x without j) = s_j - sum_{t<j} B_t x_t - sum_{t>j} Bp_t x_t with
         # B = c d(n-1, k) and Bp its shift by one rank, c = k/(n-1) or k/n (spec 2.3)
         if has_bank != 0:
-            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
             below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
             above = _bank_row(bank_ptr, block_at, 4, n, cols, valid, LANES)
         else:
             c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
             below = c * _max_table(rank, n - 1, ksafe, LANES)
             above = c * _max_table(rank - 1, n - 1, ksafe, LANES)  # the rest-set weight of rank j-1
-        result = _pkpo_s(d, o, x, LANES) - (_prefix_exclusive(below * x)
-                                            + _suffix_exclusive(above * x, LANES))
+        rest = _prefix_exclusive(below * x) + _suffix_exclusive(above * x, LANES)
+        d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
+        o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
+        result = _pkpo_s(d, o, x, LANES) - rest
     elif code == MAXK_LOO1:
         # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
         # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
         if has_bank != 0:
-            block_at = _bank_block(bank_index_ptr, n, bank_index_len)
-            d_eff = d
             below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
             w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
         else:
-            d_eff = tl.where(ksafe >= 2, d, 0.0)
             below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe, LANES) * (kf - 1.0) / rf,
                              0.0)
             w1 = tl.where(ksafe == 1, 1.0, 0.0).to(tl.float64)
-        result = d_eff * y - _prefix_exclusive(below * y) + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
+        result = -_prefix_exclusive(below * y)  # before d: the two are not alive together
+        if has_bank != 0:
+            d_eff = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
+        else:
+            d_eff = tl.where(ksafe >= 2, _max_table(rank, n, ksafe, LANES), 0.0)
+        result = d_eff * y + result + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
     elif code == MAXK_OFFPOLICY:
         if DELTAS:  # compile-time: only in the kernels that off-policy launches use
             result, bad = _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp,
-                                              has_bank, bank_ptr, bank_index_ptr, n,
-                                              bank_index_len, cols, rank, rf, kf, d, o, x, LANES)
+                                              has_bank, bank_ptr, block_at, n, cols, rank, rf, kf,
+                                              d, o, x, LANES)
     elif code == TANG_LOO:
         second = _row_sum(tl.where(cols == n - 2, x, 0.0))
         result = tl.where((cols == n - 1) & (n >= 2), xtop - second, 0.0)
@@ -562,12 +584,12 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         result = _over(result, tl.maximum(nf, 1.0))
     result = tl.where(zero_group, 0.0, result)
     if has_bank != 0:  # a group size without a bank block
-        bad = bad | ((_bank_block(bank_index_ptr, n, bank_index_len) < 0) & (n >= 1))
+        bad = bad | ((block_at < 0) & (n >= 1))
     result = _clip_keeping_nan(result, clip_lo, clip_hi)
     result = tl.where(bad, float("nan"), result)
     # addressed and gated by the source column: each sample of the group is written exactly once
-    _store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty), (src - start) < n,
-           LANES)
+    # (the gate reads perm, not src - start: the same, in fewer registers where a thread holds a group)
+    _store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty), perm < n, LANES)
 
     # ---- the rest of a group larger than BLOCK (only with an undersized max_group_size)
     rest_end = tl.max(tl.where(oversize_g, n_all_g, 0), axis=0)
