@@ -408,14 +408,15 @@ def section_kernels(ctx):
 
 def triton_layouts(which, block):
     """(label suffix, context) per Triton layout a launch of this block can take: blocks up to 16
-    run a thread per group only from _config.LANE_MIN_GROUPS groups up, more than a check's batch,
-    so the lanes get a pass of their own with the threshold lowered."""
+    (32 for an on-policy launch running its estimator's own kernel on 16- or 32-bit rewards) run a
+    thread per group only from _config.LANE_MIN_GROUPS groups up, more than a check's batch, so
+    the lanes get a pass of their own with the threshold lowered."""
     import contextlib
 
     from bonkernels.triton import _config
 
     layouts = [("", contextlib.nullcontext)]
-    if which == "triton" and block is not None and block <= _config.LANE_MAX_BLOCK:
+    if which == "triton" and block is not None and block <= _config.OWN_KERNEL_LANE_MAX_BLOCK:
         layouts.append((" lanes", lambda: _config.lane_threshold(1)))
     return layouts
 
@@ -464,10 +465,12 @@ def section_triton(ctx):
 
 def _same_as_generic_lanes(ctx, args, got, layout):
     """An on-policy lane launch on a GPU runs the kernel compiled for its estimator: it must give
-    the bits of the kernel with every estimator."""
+    the bits of the kernel with every estimator, in the same layout (the kernel with every
+    estimator takes lanes at block 32 only when told to)."""
     from bonkernels.triton import _config
 
-    with layout(), _config.specialised_lanes(False):
+    same_layout = _config.takes_own_kernel_lanes(True, got.dtype)
+    with layout(), _config.specialised_lanes(False), _config.own_kernel_lanes(same_layout):
         generic, _ = ctx.run_backend("triton", args)
     as_int = {2: ctx.torch.int16, 4: ctx.torch.int32, 8: ctx.torch.int64}[got.element_size()]
     if not ctx.torch.equal(got.view(as_int), generic.view(as_int)):

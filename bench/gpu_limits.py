@@ -7,10 +7,10 @@ Every call is ``bk.advantages(rewards, 4, estimator, check_inputs=False, max_gro
 backend=B)`` on float32 [G, n] rewards ~ U(0, 1) (maxk_offpolicy: with deltas and clamp_delta), for
 B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo; ``triton-spread`` is
 the Triton backend with its thread-per-group layout turned off (a group spread over many threads,
-as every block used before the lanes), timed beside it at n <= 16 as an A/B of the two layouts;
-``triton-generic`` keeps the lanes but launches the kernel with every estimator instead of the one
-compiled for the call's estimator (on-policy estimators at n <= 16: the A/B of that
-specialisation). Measured:
+as every block used before the lanes), timed beside it where the lanes run (n <= 16, and n = 32
+for the on-policy estimators) as an A/B of the two layouts; ``triton-generic`` keeps the lanes but
+launches the kernel with every estimator instead of the one compiled for the call's estimator
+(on-policy estimators at n <= 32: the A/B of that specialisation). Measured:
 
 * bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 128, 512, 1024, 4096): the time of one call
   (CUDA events, L2 flushed before each repetition; bench/timing.py), the bytes it must move
@@ -56,7 +56,7 @@ TARGET_KERNEL_US, TARGET_WALL_US = 5.0, 15.0
 
 SPREAD = "triton-spread"  # the Triton backend without its thread-per-group layout (an A/B)
 GENERIC = "triton-generic"  # its lane launches without the estimator's own kernel (an A/B)
-LANE_AB = (SPREAD, GENERIC)  # timed only where the lanes run (n <= 16), not on small batches
+LANE_AB = (SPREAD, GENERIC)  # timed only where the lanes run (n <= 16, on-policy 32), not on small batches
 PLAN = "plan:"  # plan:<backend>: the call prepared once (small batch only: the same kernels)
 
 
@@ -70,23 +70,30 @@ def spread_layout():
     _config.LANE_MAX_BLOCK = 0
     _config.config_for_block.cache_clear()
     try:
-        yield
+        with _config.own_kernel_lanes(False):
+            yield
     finally:
         _config.LANE_MAX_BLOCK = saved
         _config.config_for_block.cache_clear()
 
 
+@contextlib.contextmanager
 def generic_lanes():
-    """Lane launches run the kernel with every estimator (no per-estimator compile)."""
+    """Lane launches run the kernel with every estimator (no per-estimator compile), at the same
+    blocks as the estimator's own kernels."""
     from bonkernels.triton import _config
 
-    return _config.specialised_lanes(False)
+    with _config.specialised_lanes(False), _config.own_kernel_lanes(True):
+        yield
 
 
-def _lane_max_block() -> int:
+def _lane_max_block(estimator: str) -> int:
+    """The largest n whose launches run a thread per group (on a batch that fills the GPU)."""
     from bonkernels.triton import _config  # pure Python: imports no triton
 
-    return _config.LANE_MAX_BLOCK
+    if estimator == "maxk_offpolicy":  # its lanes run the kernel with every estimator
+        return _config.LANE_MAX_BLOCK
+    return _config.OWN_KERNEL_LANE_MAX_BLOCK
 
 
 def make_call(backend: str, estimator: str, G: int, n: int, device: str, seed: int = 0):
@@ -147,9 +154,9 @@ def bandwidth_rows(backends, clock: Clock, device: str, n_samples: int, ns, log)
         copy_bps = 8 * G * n / copy_s
         del src, dst
         for backend in backends:
-            if backend in LANE_AB and n > _lane_max_block():
-                continue  # the same kernel as triton's there
             for est in ESTIMATORS:
+                if backend in LANE_AB and n > _lane_max_block(est):
+                    continue  # the same kernel as triton's there
                 if backend == GENERIC and est == "maxk_offpolicy":
                     continue  # its lanes are not specialised: the same kernel as triton's
                 call, nbytes = make_call(backend, est, G, n, device)

@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import gpu_limits as gl  # noqa: E402
@@ -52,11 +54,28 @@ def test_cells_can_be_narrowed(tmp_path):
 
 def test_spread_layout_switches_the_triton_launch_and_restores_it():
     """The A/B cell triton-spread: inside the context every block launches the layout with a group
-    spread over many threads; outside, the blocks up to LANE_MAX_BLOCK are lanes again."""
+    spread over many threads; outside, the blocks up to LANE_MAX_BLOCK are lanes again (and up to
+    OWN_KERNEL_LANE_MAX_BLOCK for a launch that runs its estimator's own kernel)."""
     from bonkernels.triton import _config
 
-    small = _config.LANE_MAX_BLOCK
+    small, top = _config.LANE_MAX_BLOCK, _config.OWN_KERNEL_LANE_MAX_BLOCK
     assert _config.config_for_block(small).lanes
     with gl.spread_layout():
-        assert not any(_config.config_for_block(b).lanes for b in _config.all_blocks())
+        own = _config.takes_own_kernel_lanes(True, torch.float32)
+        assert not any(_config.config_for_block(b, False, own_kernel=own).lanes for b in _config.all_blocks())
     assert _config.config_for_block(small).lanes and _config.LANE_MAX_BLOCK == small
+    assert _config.config_for_block(top, False, own_kernel=_config.takes_own_kernel_lanes(True, torch.float32)).lanes
+
+
+def test_generic_lanes_take_the_blocks_of_the_estimators_own_kernels():
+    """The A/B cell triton-generic: the kernel with every estimator in the lanes the estimator's
+    own kernel would run (block 32 on-policy included), so the two differ by the kernel alone."""
+    from bonkernels.triton import _config
+
+    with gl.generic_lanes():
+        assert not _config.SPECIALISED_LANES
+        own = _config.takes_own_kernel_lanes(False, torch.float32)
+        assert _config.config_for_block(_config.OWN_KERNEL_LANE_MAX_BLOCK, False, own_kernel=own).lanes
+    assert _config.SPECIALISED_LANES and _config.OWN_KERNEL_LANES is None
+    assert gl._lane_max_block("maxk_offpolicy") == _config.LANE_MAX_BLOCK
+    assert gl._lane_max_block("grpo") == _config.OWN_KERNEL_LANE_MAX_BLOCK

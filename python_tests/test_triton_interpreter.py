@@ -162,6 +162,29 @@ def test_other_small_blocks(name, sizes):
     assert_matches_reference(values, packed_offsets(sizes), deltas, 3, est, mode="zero")
 
 
+@pytest.mark.parametrize("est", [e for e in SUPPORTED if not e.needs_deltas], ids=lambda e: e.name)
+def test_own_kernel_lanes_at_block_32(est):
+    """On a GPU, an on-policy launch that runs its estimator's own kernel takes a thread per group
+    up to BLOCK = 32 for 16- and 32-bit rewards (_config.OWN_KERNEL_LANE_MAX_BLOCK); the same
+    source with the layout forced: ragged groups with ties, a singleton and an empty group, k
+    zeroed or clamped, both scales, and one k's tables from a bank through bk.advantages."""
+    generator = torch.Generator().manual_seed(3500 + est.code)
+    sizes = [30, 17, 32, 1, 0, 9, 25, 32]
+    offsets = packed_offsets(sizes)
+    with _config.own_kernel_lanes(True):
+        own = _config.takes_own_kernel_lanes(False, torch.float32)
+        assert _config.config_for(32, est.needs_deltas, len(sizes), own).lanes
+        for dtype, k, mode, mean_scale in ((torch.float32, 2, "zero", True),
+                                           (torch.bfloat16, 5, "clamp", False)):
+            values = make_rewards(sizes, est, dtype, generator)
+            assert_matches_reference(values, offsets, None, k, est, mode=mode, mean_scale=mean_scale)
+        if est.name in tables.BANK_ESTIMATORS:
+            rewards = make_rewards([32] * 3, est, torch.float32, generator).view(3, 32)
+            a = bk.advantages(rewards, 4, est.name, backend="triton", small_groups="clamp")
+            b = bk.advantages(rewards, 4, est.name, backend="torch", small_groups="clamp")
+            torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+
 @pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
 def test_packed_sort_path_matches_reference(est):
     """BLOCK=64/128 (a group across threads): float64 (two packed sorts) and a narrower dtype
@@ -273,9 +296,9 @@ def test_public_api_single_k_reads_a_bank(est, monkeypatch):
     banked = []
     arguments = launcher.PreparedLaunch.arguments
 
-    def spy(self, values, offsets, deltas, out, bank, bank_index):
+    def spy(self, values, offsets, deltas, out, bank, bank_index, *rest):
         banked.append(bank is not None)
-        return arguments(self, values, offsets, deltas, out, bank, bank_index)
+        return arguments(self, values, offsets, deltas, out, bank, bank_index, *rest)
 
     monkeypatch.setattr(launcher.PreparedLaunch, "arguments", spy)
     generator = torch.Generator().manual_seed(9000 + est.code)

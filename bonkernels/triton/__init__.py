@@ -17,8 +17,9 @@
   blocks spread a group over threads and sort packed (key, column) words with ``tl.sort`` (two
   passes for float64). On a GPU an on-policy lane launch runs the same kernel compiled with its
   estimator's facts as constants (``_sources.py``; compiled on first use and kept), which frees
-  the registers the other estimators' tiles would hold; ``--estimators`` of the aot module
-  compiles one per estimator.
+  the registers the other estimators' tiles would hold, so such launches keep a thread per group
+  up to block 32 for 16- and 32-bit rewards; ``--estimators`` of the aot module compiles one per
+  estimator.
 * A plan (``bk.prepare_advantages``) binds everything but the tensors once and, from its second
   call on a GPU, launches the compiled kernel directly (``advantages.PreparedLaunch``).
 * Without input checks the kernel stays inside its tensors: offsets are clamped, a group with a

@@ -15,6 +15,16 @@ import torch
 MIN_BLOCK = 8
 MAX_BLOCK = 4096  # larger groups: use another backend (one group's packed sort fits one program)
 LANE_MAX_BLOCK = 16  # a thread per group up to this block (see the kernel's module docstring)
+# An on-policy lane launch that runs its estimator's own kernel (on a GPU, _sources.py) holds only
+# that estimator's tiles, so it keeps a thread per group up to this larger block, for 16- and 32-bit
+# rewards. At BLOCK = 32 that kernel issues 4-7x fewer instructions per sample than the spread
+# layout (maxk_loo1 and grpo; static counts, sm_90, not yet timed on a GPU); float64 rewards sort
+# in two passes with gathers and spill more there.
+OWN_KERNEL_LANE_MAX_BLOCK = 32
+# Whether launches take the blocks above LANE_MAX_BLOCK as lanes: None, when they run their own
+# kernel (above); True, always (the interpreter's tests, and the GPU check's kernel with every
+# estimator, which must give the same bits); False, never. See `own_kernel_lanes`.
+OWN_KERNEL_LANES = None
 LANE_WARPS = 1  # warps per program in lane mode: 32 groups each, so G = 1024 fills 32 programs
 # A thread per group pays only on a batch that fills the GPU: fewer groups leave most SMs idle,
 # each thread running a whole group's serial chain, and the spread layout is faster. Measured on
@@ -59,10 +69,25 @@ def block_for(max_group_size: int) -> int:
     return block
 
 
-def config_for(block: int, deltas: bool, num_groups: int) -> LaunchConfig:
+def config_for(block: int, deltas: bool, num_groups: int, own_kernel: bool = False) -> LaunchConfig:
     """The launch of `num_groups` groups in a block: a thread per group only from
-    LANE_MIN_GROUPS groups up (read at each call: `lane_threshold` changes it)."""
-    return config_for_block(block, deltas, bool(num_groups >= LANE_MIN_GROUPS))
+    LANE_MIN_GROUPS groups up (read at each call: `lane_threshold` changes it); `own_kernel`:
+    see `lanes_up_to`."""
+    return config_for_block(block, deltas, bool(num_groups >= LANE_MIN_GROUPS), own_kernel)
+
+
+def takes_own_kernel_lanes(runs_own_kernel: bool, dtype: torch.dtype) -> bool:
+    """Whether a launch takes lanes up to OWN_KERNEL_LANE_MAX_BLOCK: when it runs its estimator's
+    own kernel on 16- or 32-bit rewards, unless `own_kernel_lanes` says otherwise."""
+    if OWN_KERNEL_LANES is not None:
+        return OWN_KERNEL_LANES
+    return runs_own_kernel and dtype != torch.float64
+
+
+def lanes_up_to(deltas: bool, own_kernel: bool) -> int:
+    """The largest block a launch runs with a thread per group: OWN_KERNEL_LANE_MAX_BLOCK for an
+    on-policy launch with `own_kernel` (see takes_own_kernel_lanes), LANE_MAX_BLOCK otherwise."""
+    return OWN_KERNEL_LANE_MAX_BLOCK if own_kernel and not deltas else LANE_MAX_BLOCK
 
 
 @contextlib.contextmanager
@@ -78,6 +103,18 @@ def lane_threshold(min_groups: int):
 
 
 @contextlib.contextmanager
+def own_kernel_lanes(enabled):
+    """Launches in this context take the blocks up to OWN_KERNEL_LANE_MAX_BLOCK as lanes always
+    (True), never (False), or when they run their own kernel (None, the default)."""
+    global OWN_KERNEL_LANES
+    saved, OWN_KERNEL_LANES = OWN_KERNEL_LANES, enabled
+    try:
+        yield
+    finally:
+        OWN_KERNEL_LANES = saved
+
+
+@contextlib.contextmanager
 def specialised_lanes(enabled: bool):
     """Lane launches in this context run the estimator's own kernel (True) or the kernel with
     every estimator (False; the GPU check compares the two bit for bit)."""
@@ -90,11 +127,13 @@ def specialised_lanes(enabled: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def config_for_block(block: int, deltas: bool = True, lanes: bool = True) -> LaunchConfig:
+def config_for_block(block: int, deltas: bool = True, lanes: bool = True,
+                     own_kernel: bool = False) -> LaunchConfig:
     """The launch of a block; `deltas`: whether the estimator reads deltas (only the
     thread-per-group kernels leave the off-policy branch out when it does not); `lanes`: whether
-    a thread per group may be used (the batch has enough groups, see config_for)."""
-    if lanes and block <= LANE_MAX_BLOCK:
+    a thread per group may be used (the batch has enough groups, see config_for); `own_kernel`:
+    whether an on-policy launch may take lanes up to OWN_KERNEL_LANE_MAX_BLOCK (lanes_up_to)."""
+    if lanes and block <= lanes_up_to(deltas, own_kernel):
         # one group per thread, a group's tables, sort and scans in its registers
         return LaunchConfig(block, 32 * LANE_WARPS, LANE_WARPS, True, deltas)
     # at least 512 elements per program, 2-4 per thread: many warps keep the sort's code small

@@ -5,18 +5,22 @@ Shared by the ahead-of-time compile check (aot.py), the launcher (advantages.py)
 report (bench/static_kernels.py), so all three build exactly the same kernels.
 
 Specialised lane kernels. A thread that holds a whole group keeps every tile of every estimator
-the kernel implements in its registers, although one call runs one estimator: 242 registers at
+the kernel implements in its registers, although one call runs one estimator: 236 registers at
 BLOCK = 16 for the on-policy kernel, so 8 warps per SM and a latency-bound kernel. Compiled with
 the estimator's facts as constants (its code, k rule, natural scale, whether it sorts and whether
 the call reads a bank), the other estimators' code folds away: at float32 and BLOCK = 16,
-maxk_loo1 from a bank needs 166 registers, grpo 114, maxrl 84 (`python -m bonkernels.triton.aot
---estimators` lists them all). The source is the same kernel and the constants only remove
-branches, so the arithmetic is the same (the GPU check compares the two kernels bit for bit); a
-launch compiles the specialisation it needs on first use (about a second) and keeps it. The
-spread layout (larger blocks, small batches) keeps its one kernel per block and dtype: its tiles
-are spread over many threads and do not crowd registers.
+maxk_loo1 from a bank needs 165 registers, grpo 113, maxrl 85 (`python -m bonkernels.triton.aot
+--estimators` lists them all). That leaves room for one block more: these launches keep a thread
+per group at BLOCK = 32 (16- and 32-bit rewards, _config.OWN_KERNEL_LANE_MAX_BLOCK), where the
+kernel with every estimator spills about 2 KB a thread; some estimators' own kernels spill there too
+(maxk_loo up to 496 bytes loaded, maxk_loo1 92-152), and test_triton.py bounds it. The source is
+the same kernel and the constants only remove branches, so the arithmetic is the same (the GPU
+check compares the two kernels bit for bit, in the same layout); a launch compiles the
+specialisation it needs on first use (about a second) and keeps it. The spread layout (larger
+blocks, small batches) keeps its one kernel per block and dtype: its tiles are spread over many
+threads and do not crowd registers.
 So does the off-policy lane kernel: it spills with or without the other estimators (at BLOCK = 16,
-136/264 bytes stored/loaded with them; 216/216 specialised for a call from a bank), so
+56/104 bytes stored/loaded with them; 68/68 specialised for a call from a bank), so
 specialising it trades one spill for another, and a GPU has to say which is faster.
 """
 

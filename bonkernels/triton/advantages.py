@@ -64,11 +64,11 @@ def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo
 
 
 def _prepared(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
-              small_groups, eps, block, bank, bank_index):
+              small_groups, eps, block, bank, bank_index, traced=False):
     """(PreparedLaunch, launch configuration, grid, positional arguments) of one launch."""
     launch = PreparedLaunch(estimator_for_launch(code, deltas, bank), k, clamp_delta, clip_lo, clip_hi,
                             mean_scale, small_groups, eps, block, bank is not None)
-    return (launch, *launch.arguments(values, offsets, deltas, out, bank, bank_index))
+    return (launch, *launch.arguments(values, offsets, deltas, out, bank, bank_index, traced))
 
 
 class PreparedLaunch:
@@ -113,10 +113,14 @@ class PreparedLaunch:
         kwargs = PreparedLaunch.kwargs(config)
         return tuple(kwargs[name] for name in advantages_kernel.arg_names if name in kwargs)
 
-    def arguments(self, values, offsets, deltas, out, bank, bank_index):
-        """(launch configuration, grid, positional arguments) for these tensors."""
+    def arguments(self, values, offsets, deltas, out, bank, bank_index, traced=False):
+        """(launch configuration, grid, positional arguments) for these tensors; `traced`: for
+        torch.compile's launch, which runs the kernel with every estimator."""
         num_groups = offsets.numel() - 1
-        config = _config.config_for(self.block, self.est.needs_deltas, num_groups)
+        own_kernel = (not traced and _compiled_kernel_fits(values.is_cuda, num_groups)
+                      and _config.SPECIALISED_LANES)
+        config = _config.config_for(self.block, self.est.needs_deltas, num_groups,
+                                    _config.takes_own_kernel_lanes(own_kernel, values.dtype))
         # Tensors the kernel does not read still need a pointer of the right type: deltas only for
         # the off-policy estimators, the bank only in bank mode.
         deltas_arg = deltas if self.est.needs_deltas else values
@@ -202,7 +206,8 @@ def _directly_launchable(compiled, num_arguments: int) -> bool:
 def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
             small_groups, eps, block, bank, bank_index, wrap):
     launch, config, grid, args = _prepared(values, offsets, deltas, out, k, code, clamp_delta, clip_lo,
-                                           clip_hi, mean_scale, small_groups, eps, block, bank, bank_index)
+                                           clip_hi, mean_scale, small_groups, eps, block, bank, bank_index,
+                                           traced=wrap is not None)
     if wrap is None:  # eager
         launch.launch(config, grid, args, values)
         return
