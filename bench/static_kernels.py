@@ -715,7 +715,7 @@ def compile_triton(dtype: str, block: int, code: int | None = None):
         cfg = _config.config_for_block(block, True)
         return cfg, aot.compile_one(aot.Specialisation(dtype, cfg), 90)
     est = estimators.BY_CODE[code]
-    cfg = _config.config_for_block(block, est.needs_deltas)
+    cfg = _config.config_for_block(block, est.needs_deltas, own_kernel=True)
     # the path of a single-k call on [G, n] rewards: one k's bank where the estimator takes one
     constants = _sources.constants_of(est, est.name in tables.BANK_ESTIMATORS)
     return cfg, aot.compile_one(aot.Specialisation(dtype, cfg, constants), 90)
@@ -904,12 +904,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(BENCH_DIR, "results", "static_sm90"))
     ap.add_argument("--quick", action="store_true", help="one small build (grpo/fp32), thread_kernel<8,centred> only")
     ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--no-cuda", action="store_true", help="the Triton kernels only (a minute or two)")
     ap.add_argument("--triton-budget-s", type=float, default=900)
     ap.add_argument("--keep", action="store_true", help="keep the cubins and PTX (in <out>/build)")
     ap.add_argument("--source-rev", help="compile csrc/ of this git revision instead of the working tree "
                     "(CUDA only: e.g. the old kernels next to a redesign; per-estimator builds need a "
                     "revision with the BK_STATIC_* macros)")
     a = ap.parse_args(argv)
+    if a.no_cuda and a.no_triton:
+        ap.error("--no-cuda and --no-triton leave nothing to compile")
     if not have_tools():
         print("[static] nvcc or cuobjdump not found: nothing to do", file=sys.stderr)
         return 2
@@ -931,13 +934,14 @@ def main(argv=None) -> int:
                                          check=True).stdout
                 subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
                 csrc = os.path.join(src, "csrc")
-            kernels += cuda_rows("default", [], work, csrc=csrc)
-            with open(os.path.join(csrc or os.path.join(REPO_DIR, "csrc"), "cuda", "advantages.cu")) as f:
-                has_macros = "BK_STATIC_ESTIMATOR_CODE" in f.read()
-            if not has_macros:
-                print("[static] this advantages.cu has no BK_STATIC_* macros: default build only", flush=True)
-            for name in ESTIMATORS if has_macros else ():
-                kernels += cuda_rows(f"{name}/fp32", estimator_defines(name), work, csrc=csrc)
+            if not a.no_cuda:
+                kernels += cuda_rows("default", [], work, csrc=csrc)
+                with open(os.path.join(csrc or os.path.join(REPO_DIR, "csrc"), "cuda", "advantages.cu")) as f:
+                    has_macros = "BK_STATIC_ESTIMATOR_CODE" in f.read()
+                if not has_macros:
+                    print("[static] this advantages.cu has no BK_STATIC_* macros: default build only", flush=True)
+                for name in ESTIMATORS if has_macros else ():
+                    kernels += cuda_rows(f"{name}/fp32", estimator_defines(name), work, csrc=csrc)
             if not a.no_triton:
                 t0 = time.perf_counter()
                 kernels += triton_rows(work=work, budget_s=a.triton_budget_s)
