@@ -178,25 +178,13 @@ BK_HD float float_from_bits(uint32_t u) {
 // sign bit set), and back. Exact for every float, so a float16/bfloat16/float32 reward is recovered
 // from its sort key without a second load.
 BK_HD uint32_t orderable_f32(float f) {
-  uint32_t u;
-#if defined(__CUDA_ARCH__)
-  u = __float_as_uint(f);
-#else
-  memcpy(&u, &f, sizeof(u));
-#endif
+  const uint32_t u = float_bits(f);
   // Branch-free: negatives (sign set) flip every bit, the rest only the sign bit.
   return u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
 }
 
 BK_HD float from_orderable_f32(uint32_t o) {
-  const uint32_t u = o ^ (~uint32_t(int32_t(o) >> 31) | 0x80000000u);  // the inverse flip
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  memcpy(&f, &u, sizeof(f));
-  return f;
-#endif
+  return float_from_bits(o ^ (~uint32_t(int32_t(o) >> 31) | 0x80000000u));  // the inverse flip
 }
 
 // The same for doubles: unsigned integers in the same order (-0 before +0; a total order on all
