@@ -15,15 +15,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${BONKERNELS_CMAKE_BUILD_DIR:-build/cmake}"
 JOBS="${MAX_JOBS:-1}"
 
-if [ -z "${CUDA_HOME:-}" ] || [ ! -x "${CUDA_HOME}/bin/nvcc" ]; then
-  CUDA_HOME=""
-  for cand in /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-12.8; do
-    if [ -x "$cand/bin/nvcc" ]; then CUDA_HOME="$cand"; break; fi
-  done
-  if [ -z "$CUDA_HOME" ] && command -v nvcc >/dev/null 2>&1; then
-    CUDA_HOME="$(cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." && pwd)"
-  fi
-fi
+source scripts/cuda_home.sh
 
 cmake_args=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_EXPORT_COMPILE_COMMANDS=ON)
 if [ -n "$CUDA_HOME" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then

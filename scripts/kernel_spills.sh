@@ -57,21 +57,14 @@ template __global__ void $kernel(int, const void*, const int64_t*, const void*, 
 }  // namespace bk
 EOF
 
-# nvcc and ptxas: PATH's, else $CUDA_HOME's or /usr/local/cuda's.
-tool() {
-  local found
-  found=$(command -v "$1" || true)
-  for cand in "${CUDA_HOME:-}" /usr/local/cuda; do
-    if [ -z "$found" ] && [ -n "$cand" ] && [ -x "$cand/bin/$1" ]; then found="$cand/bin/$1"; fi
-  done
-  if [ -z "$found" ]; then
-    echo "kernel_spills: $1 not found (put the CUDA toolkit's bin on PATH or set CUDA_HOME)" >&2
-    exit 2
-  fi
-  echo "$found"
-}
-nvcc=$(tool nvcc)
-ptxas=$(tool ptxas)
+# nvcc and ptxas of the toolkit ci_native.sh compiles with
+source scripts/cuda_home.sh
+if [ -z "$CUDA_HOME" ]; then
+  echo "kernel_spills: nvcc not found (put the CUDA toolkit's bin on PATH or set CUDA_HOME)" >&2
+  exit 2
+fi
+nvcc="$CUDA_HOME/bin/nvcc"
+ptxas="$CUDA_HOME/bin/ptxas"
 
 "$nvcc" -O3 -std=c++17 --expt-relaxed-constexpr -diag-suppress 177 -I csrc/include -I csrc -arch="sm_$arch" -ptx "${defines[@]}" \
   "$src" -o "$work/one_kernel.ptx"
