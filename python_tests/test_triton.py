@@ -540,7 +540,8 @@ def test_every_specialisation_compiles_for_sm80_and_sm90():
 def test_compiled_clip_keeps_nan():
     """Compiled tl.maximum/tl.minimum become max.f64/min.f64, which return the other operand for a
     NaN (the interpreter propagates it, so only the compiled code shows this): the kernel's clip
-    compares and selects instead, and is what the kernel applies to its result."""
+    compares and selects instead (its casting form too), and is what the kernel applies to its
+    result."""
     import inspect
 
     import triton
@@ -555,12 +556,18 @@ def test_compiled_clip_keeps_nan():
         cols = tl.arange(0, 16)
         tl.store(out_ptr + cols, kernel._clip_keeping_nan(tl.load(x_ptr + cols), lo, hi))
 
-    signature = {"x_ptr": "*fp64", "out_ptr": "*fp64", "lo": "fp64", "hi": "fp64"}
-    compiled = triton.compile(ASTSource(fn=clip_probe, signature=signature),
-                              target=GPUTarget("cuda", 90, 32))
-    assert "arith.maxnumf" not in compiled.asm["ttir"] and "arith.minnumf" not in compiled.asm["ttir"]
-    ptx = compiled.asm["ptx"]
-    assert "max.f64" not in ptx and "min.f64" not in ptx and "selp.f64" in ptx
+    @triton.jit
+    def clip_cast_probe(x_ptr, out_ptr, lo, hi):
+        cols = tl.arange(0, 16)
+        tl.store(out_ptr + cols, kernel._clip_cast(tl.load(x_ptr + cols), lo, hi, out_ptr.dtype.element_ty))
+
+    for probe, out_type in ((clip_probe, "*fp64"), (clip_cast_probe, "*fp64"), (clip_cast_probe, "*fp32")):
+        signature = {"x_ptr": "*fp64", "out_ptr": out_type, "lo": "fp64", "hi": "fp64"}
+        compiled = triton.compile(ASTSource(fn=probe, signature=signature),
+                                  target=GPUTarget("cuda", 90, 32))
+        assert "arith.maxnumf" not in compiled.asm["ttir"] and "arith.minnumf" not in compiled.asm["ttir"]
+        ptx = compiled.asm["ptx"]
+        assert "max.f" not in ptx and "min.f" not in ptx and "selp." in ptx, (probe, out_type)
     source = inspect.getsource(kernel.advantages_kernel.fn)
-    assert "_clip_keeping_nan(result, clip_lo, clip_hi)" in source
+    assert "_clip_cast(result, clip_lo, clip_hi, out_dtype)" in source
     assert "tl.minimum(tl.maximum(result" not in source

@@ -195,12 +195,67 @@ def _float_from_order_key32(bits):
 
 
 @triton.jit
-def _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LANES: tl.constexpr):
-    """(perm, sorted rewards in float64, 0 at padding) of each row, with tl.sort on packed
-    (32-bit key, 32-bit column) int64s. Keys of 32 bits or less carry the sorted values in the
-    packed words (non-finite rewards come back as 0: their group's output is NaN anyway); float64
-    gathers them."""
-    if key.dtype == tl.float64:
+def _partner(t, dim: tl.constexpr):
+    """t at the other end of each pair along axis `dim` (of size 2): t xor (the xor of the pair),
+    which the compiler folds to the partner's own register when a thread holds both."""
+    if t.dtype.primitive_bitwidth == 64:
+        bits = t.to(tl.int64, bitcast=True)
+    else:
+        bits = t.to(tl.int32, bitcast=True)
+    return (bits ^ tl.xor_sum(bits, dim, keep_dims=True)).to(t.dtype, bitcast=True)
+
+
+@triton.jit
+def _compare_exchange(keys, items, stage: tl.constexpr, distance_log2: tl.constexpr,
+                      LOG2_BLOCK: tl.constexpr):
+    """One step of a bitonic sort of `keys` along axis 1, `items` moved alike: the pairs of columns
+    2^distance_log2 apart are ordered, ascending, or descending in the blocks of 2^stage that
+    stage `stage` (< LOG2_BLOCK) turns round. Both ends of a pair compute the same compare (left
+    key > right key), which the compiler merges into one; tl.sort has each end compare itself
+    with its partner, two different compares."""
+    GROUPS: tl.constexpr = keys.shape[0]
+    BLOCK: tl.constexpr = keys.shape[1]
+    OUTER: tl.constexpr = BLOCK >> (distance_log2 + 1)
+    INNER: tl.constexpr = 1 << distance_log2
+    key = tl.reshape(keys, [GROUPS, OUTER, 2, INNER])
+    item = tl.reshape(items, [GROUPS, OUTER, 2, INNER])
+    key_partner = _partner(key, 2)
+    item_partner = _partner(item, 2)
+    at_right = (tl.arange(0, 2) == 1)[None, None, :, None]
+    swap = tl.where(at_right, key_partner, key) > tl.where(at_right, key, key_partner)
+    if stage < LOG2_BLOCK:  # descending where bit `stage` of the column is set
+        shift: tl.constexpr = stage - distance_log2 - 1  # that bit's place in the outer index
+        swap = swap != (((tl.arange(0, OUTER) >> shift) & 1) != 0)[None, :, None, None]
+    keys = tl.reshape(tl.where(swap, key_partner, key), [GROUPS, BLOCK])
+    items = tl.reshape(tl.where(swap, item_partner, item), [GROUPS, BLOCK])
+    return keys, items
+
+
+@triton.jit
+def _lane_sort(keys, items, LOG2_BLOCK: tl.constexpr):
+    """(keys sorted ascending along axis 1, items in the same order), by a bitonic network in each
+    thread's registers: one compare and a select per word for each pair. Tied keys may come out
+    in any order (every estimator is tie-invariant in value)."""
+    for stage in tl.static_range(1, LOG2_BLOCK + 1):
+        for step in tl.static_range(stage):
+            keys, items = _compare_exchange(keys, items, stage, stage - 1 - step, LOG2_BLOCK)
+    return keys, items
+
+
+@triton.jit
+def _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LOG2_BLOCK: tl.constexpr,
+                         LANES: tl.constexpr):
+    """(perm, sorted rewards in the compare dtype, 0 at padding) of each row. Non-finite rewards
+    come back as 0 (their group's output is NaN anyway), except from the float64 spread sort.
+
+    Where a thread holds the whole group (LANES) the keys themselves are sorted, their columns
+    moved alongside. Where a group is spread over threads, tl.sort sorts packed (32-bit key,
+    32-bit column) int64s, whose high words are the sorted values; a float64 key takes two such
+    sorts and gathers the values."""
+    if LANES:
+        x, perm = _lane_sort(key, cols, LOG2_BLOCK)
+        x = tl.where(valid, x, 0.0)
+    elif key.dtype == tl.float64:
         # A float64 key leaves no room for the column: sort twice (least significant digit first),
         # by the low 32 key bits, then by the high 32 bits with ties kept in first-pass order
         # (the first-pass position rides in bits 16-31, the column in bits 0-15: BLOCK <= 65536).
@@ -218,7 +273,7 @@ def _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LANES: tl.const
         packed = tl.sort((_order_key32(key).to(tl.int64) << 32) | cols.to(tl.int64), dim=1)
         perm = (packed & 0xFFFFFFFF).to(tl.int32)
         x = tl.where(valid, _float_from_order_key32((packed >> 32).to(tl.int32)), 0.0)
-    return perm, x.to(tl.float64)
+    return perm, x
 
 
 @triton.jit
@@ -256,6 +311,16 @@ def _clip_keeping_nan(x, lo, hi):
     """min(max(x, lo), hi), but NaN stays NaN (compiled tl.maximum/tl.minimum return the other
     operand for a NaN, the interpreter and the reference propagate it)."""
     return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+
+
+@triton.jit
+def _clip_cast(x, lo, hi, dtype: tl.constexpr):
+    """_clip_keeping_nan(x, lo, hi) cast to dtype, compared in float64 but selected among the cast
+    values: cast(where(c, a, b)) = where(c, cast(a), cast(b)), and a select of a float32 is one
+    instruction, of a float64 two."""
+    out = _cast_like_torch(x, dtype)
+    out = tl.where(x > hi, _cast_like_torch(hi, dtype), out)
+    return tl.where(x < lo, _cast_like_torch(lo, dtype), out)
 
 
 @triton.jit
@@ -415,9 +480,13 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     # estimators (sorts == 0) take the rewards as they come
     if sorts == 0:
         perm = cols
-        x = tl.where(valid, raw.to(tl.float64), 0.0)
+        x_compared = tl.where(valid, _compare_dtype_value(raw), 0.0)
     else:
-        perm, x = _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LANES)
+        perm, x_compared = _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LOG2_BLOCK,
+                                                LANES)
+    x = x_compared.to(tl.float64)
+    # the group's extremes in the compare dtype (exact, and cheaper than float64 minima)
+    xmin = tl.min(tl.where(valid, x_compared, float("inf")), axis=1)[:, None].to(tl.float64)
     src = start + perm  # x: the rewards, sorted ascending unless order-free; 0 at padding
 
     # ---- per-group k after the small-group rule (docs/conventions.md); a bank ignores k
@@ -434,7 +503,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     # the weight tables: single-k (spec 0.1), or read from a bank (one k's, or a mixture's: spec
     # 12); only for the estimators that weight by rank (the others leave them 0 and dead, which
     # keeps registers free where a thread holds a whole group). The leave-one-out estimators
-    # build d and o after their other tables' scans, so that fewer tiles are alive at once.
+    # build their tables one at a time in their own branches, so that fewer tiles are alive at once.
     block_at = tl.full([GROUPS, 1], -1, tl.int64)
     if has_bank != 0:
         block_at = _bank_block(bank_index_ptr, n, bank_index_len)
@@ -445,10 +514,10 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
         o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
 
-    # shifted rewards: every estimator below that is shift-invariant uses y for accuracy
-    xmin = tl.min(tl.where(valid, x, float("inf")), axis=1)[:, None]  # x[:, 0] when sorted
+    # shifted rewards: every estimator below that is shift-invariant uses y for accuracy (xmin
+    # is taken right after the sort, xtop here: the placements that spill least)
+    xtop = tl.max(tl.where(valid, x_compared, float("-inf")), axis=1)[:, None].to(tl.float64)
     y = tl.where(valid, x - xmin, 0.0)
-    xtop = tl.max(tl.where(valid, x, float("-inf")), axis=1)[:, None]
     ysum = _row_sum(y)
     nm1 = tl.maximum(nf - 1.0, 1.0)
     ymean = ysum / tl.maximum(nf, 1.0)
@@ -459,17 +528,21 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     elif (code == MAXK_LOO) | (code == MAXK_LOO_CENTERED):
         # s_j - c max@k(x without j) = s_j - sum_{t<j} B_t x_t - sum_{t>j} Bp_t x_t with
         # B = c d(n-1, k) and Bp its shift by one rank, c = k/(n-1) or k/n (spec 2.3)
-        if has_bank != 0:
-            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
-            above = _bank_row(bank_ptr, block_at, 4, n, cols, valid, LANES)
-        else:
-            c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
-            below = c * _max_table(rank, n - 1, ksafe, LANES)
-            above = c * _max_table(rank - 1, n - 1, ksafe, LANES)  # the rest-set weight of rank j-1
-        rest = _prefix_exclusive(below * x) + _suffix_exclusive(above * x, LANES)
+        # (one table at a time: each is dead once its scan is done)
         d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
         o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
-        result = _pkpo_s(d, o, x, LANES) - rest
+        result = _pkpo_s(d, o, x, LANES)
+        c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
+        if has_bank != 0:
+            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
+        else:
+            below = c * _max_table(rank, n - 1, ksafe, LANES)
+        result = result - _prefix_exclusive(below * x)
+        if has_bank != 0:
+            above = _bank_row(bank_ptr, block_at, 4, n, cols, valid, LANES)
+        else:
+            above = c * _max_table(rank - 1, n - 1, ksafe, LANES)  # the rest-set weight of rank j-1
+        result = result - _suffix_exclusive(above * x, LANES)
     elif code == MAXK_LOO1:
         # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
         # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
@@ -559,7 +632,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         # centred on the group's smallest sample (a constant group gives exactly 0) and divided
         # by a power of two first (exact), so that |x| near the float64 limit neither overflows
         # the differences nor the squares
-        amax = tl.max(tl.where(valid, tl.abs(x), 0.0), axis=1)[:, None]
+        amax = tl.max(tl.where(valid, tl.abs(x_compared), 0.0), axis=1)[:, None].to(tl.float64)
         unit = _power_of_two_scale(amax)
         inv = 1.0 / unit
         yu = tl.where(valid, x * inv - xmin * inv, 0.0)
@@ -582,14 +655,18 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         result = result * nf
     elif (mean_scale == 0) & (natural_mean != 0):
         result = _over(result, tl.maximum(nf, 1.0))
-    result = tl.where(zero_group, 0.0, result)
     if has_bank != 0:  # a group size without a bank block
         bad = bad | ((block_at < 0) & (n >= 1))
-    result = _clip_keeping_nan(result, clip_lo, clip_hi)
-    result = tl.where(bad, float("nan"), result)
+    # zeroing, clip and NaN in the reference's order, as selects among values cast to the output
+    # dtype (_clip_cast): a zeroed group takes the clipped, cast 0
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    zero = tl.zeros_like(clip_lo)
+    out = _clip_cast(result, clip_lo, clip_hi, out_dtype)
+    out = tl.where(zero_group, _clip_cast(zero, clip_lo, clip_hi, out_dtype), out)
+    out = tl.where(bad, _cast_like_torch(zero + float("nan"), out_dtype), out)
     # addressed and gated by the source column: each sample of the group is written exactly once
     # (the gate reads perm, not src - start: the same, in fewer registers where a thread holds a group)
-    _store(out_ptr + src, _cast_like_torch(result, out_ptr.dtype.element_ty), perm < n, LANES)
+    _store(out_ptr + src, out, perm < n, LANES)
 
     # ---- the rest of a group larger than BLOCK (only with an undersized max_group_size)
     rest_end = tl.max(tl.where(oversize_g, n_all_g, 0), axis=0)
