@@ -527,6 +527,38 @@ def test_thread_per_group_blocks_compile_without_cross_thread_traffic():
             (dtype, block, shuffles, barriers, shared)
 
 
+@pytest.mark.skipif(INTERPRETING, reason="compiles for a GPU target: TRITON_INTERPRET must be unset")
+def test_lane_sort_compares_each_pair_once():
+    """The thread-per-group sort's exchanges, compiled for sm_90 in the lane layout: one float32
+    compare per exchange of a bitonic network (tl.sort has each end of a pair compare on its
+    own, twice as many) and nothing exchanged between threads. The interpreter suite checks
+    what it sorts (test_lane_sort_sorts_and_moves_the_columns_alike)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from bonkernels.triton import _advantages_kernel as kernel
+
+    @triton.jit
+    def probe(keys_ptr, out_ptr, BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr):
+        at = tl.arange(0, 32)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+        cols = tl.zeros([32, BLOCK], dtype=tl.int32) + tl.arange(0, BLOCK)[None, :]
+        keys, items = kernel._lane_sort(kernel._load(keys_ptr + at, at >= 0, 0.0, True), cols, LOG2_BLOCK)
+        kernel._store(out_ptr + at, keys + items.to(tl.float32), at >= 0, True)
+
+    for log2_block in (3, 4, 5):
+        block = 1 << log2_block
+        signature = {"keys_ptr": "*fp32", "out_ptr": "*fp32", "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr"}
+        source = ASTSource(fn=probe, signature=signature, constexprs={"BLOCK": block, "LOG2_BLOCK": log2_block})
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ptx"]
+        exchanges = log2_block * (log2_block + 1) // 2 * block // 2  # 24, 80, 240
+        compares = len(re.findall(r"setp\.\w+\.f32", ptx))
+        assert exchanges <= compares <= exchanges * 1.05 + 1, (block, compares, exchanges)
+        assert "shfl.sync" not in ptx and "bar.sync" not in ptx, block
+
+
 @pytest.mark.slow  # 80 compilations: 5-10 minutes on 2 cores (the largest blocks cost most)
 def test_every_specialisation_compiles_for_sm80_and_sm90():
     """triton.compile (no GPU needed) of each (dtype, BLOCK) for sm_80 and sm_90: the interpreter

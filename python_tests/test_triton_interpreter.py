@@ -22,13 +22,15 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRETING and not torch.cuda.is_available():
     pytest.skip("needs TRITON_INTERPRET=1 or a GPU (test_triton.py runs it under the interpreter)",
                 allow_module_level=True)
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 DEVICE = "cpu" if INTERPRETING else "cuda"
 pytestmark = pytest.mark.usefixtures("lanes_at_every_batch_size")  # see conftest.py
 
 import bonkernels as bk  # noqa: E402
 from bonkernels import estimators, reference, tables  # noqa: E402
 from bonkernels import triton as bk_triton  # noqa: E402
+from bonkernels.triton import _advantages_kernel as _kernel  # noqa: E402
 from bonkernels.triton import _config, _facts  # noqa: E402
 
 SUPPORTED = tuple(e for e in estimators._ENTRIES if _facts.in_kernel(e))
@@ -366,6 +368,49 @@ def test_group_larger_than_max_block_is_refused():
     with pytest.raises(ValueError, match="at most"):
         bk_triton.advantages_packed(values, packed_offsets([values.numel()]), None, 2, 0, None,
                                     -math.inf, math.inf, True, 0, 1e-6, None)
+
+
+# ---------------------------------------------------------------- the thread-per-group sort itself
+
+@triton.jit
+def _lane_sort_probe(keys_ptr, keys_out_ptr, items_out_ptr, GROUPS: tl.constexpr,
+                     BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr):
+    """_lane_sort of a [GROUPS, BLOCK] tile of keys, the columns as items."""
+    at = tl.arange(0, GROUPS)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    cols = tl.zeros([GROUPS, BLOCK], dtype=tl.int32) + tl.arange(0, BLOCK)[None, :]
+    keys, items = _kernel._lane_sort(tl.load(keys_ptr + at), cols, LOG2_BLOCK)
+    tl.store(keys_out_ptr + at, keys)
+    tl.store(items_out_ptr + at, items)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=("fp32", "fp64"))
+def test_lane_sort_sorts_and_moves_the_columns_alike(dtype):
+    """_lane_sort on its own, every block a thread can hold: keys ascending, and the items a
+    permutation that carries each key's column (ties in any order among themselves). Rows with
+    ties, signed zeros, negatives, near-ties one ulp apart, +inf padding, and already sorted or
+    reversed rows."""
+    generator = torch.Generator().manual_seed(21)
+    for log2_block in range(0, 6):
+        block = 1 << log2_block
+        rows = [torch.randn(block, generator=generator, dtype=torch.float64),
+                torch.randint(0, 3, (block,), generator=generator).double() / 2.0,
+                torch.where(torch.arange(block) % 2 == 0, -0.0, 0.0).double(),
+                1.0 + torch.randint(0, 4, (block,), generator=generator).double() * 2.0 ** -52,
+                torch.arange(block, dtype=torch.float64),
+                -torch.arange(block, dtype=torch.float64),
+                torch.where(torch.arange(block) >= block // 2, math.inf, -torch.rand(block, generator=generator,
+                                                                                     dtype=torch.float64))]
+        keys = torch.stack(rows).to(dtype).to(DEVICE)  # near-ties collapse in float32: ties then
+        groups = 8  # a power of two >= the rows, padded with copies of the first
+        padded = torch.cat([keys, keys[:1].expand(groups - keys.shape[0], -1)]).contiguous()
+        keys_out = torch.empty_like(padded)
+        items_out = torch.empty(padded.shape, dtype=torch.int32, device=DEVICE)
+        _lane_sort_probe[(1,)](padded, keys_out, items_out, GROUPS=groups, BLOCK=block,
+                               LOG2_BLOCK=log2_block)
+        assert torch.equal(keys_out, torch.sort(padded, dim=1).values), (block, padded, keys_out)
+        columns = torch.arange(block, device=DEVICE).expand(groups, -1)
+        assert torch.equal(items_out.sort(dim=1).values.long(), columns), block
+        assert torch.equal(torch.gather(padded, 1, items_out.long()), keys_out), block
 
 
 # ---------------------------------------------------------------- against the brute-force oracle
