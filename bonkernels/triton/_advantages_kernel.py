@@ -243,8 +243,8 @@ def _lane_sort(keys, items, LOG2_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LOG2_BLOCK: tl.constexpr,
-                         LANES: tl.constexpr):
+def _sorted_rewards(values_ptr, start, n, key, cols, valid, LOG2_BLOCK: tl.constexpr,
+                    LANES: tl.constexpr):
     """(perm, sorted rewards in the compare dtype, 0 at padding) of each row. Non-finite rewards
     come back as 0 (their group's output is NaN anyway), except from the float64 spread sort.
 
@@ -264,11 +264,11 @@ def _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LOG2_BLOCK: tl.
         first = tl.sort((low << 32) | cols.to(tl.int64), dim=1)
         first_cols = first & 0xFFFF  # column at each first-pass position
         real = first_cols < n
-        again = _sort_key(_load(values_ptr + start + first_cols, real, 0.0, LANES), real)
+        again = _sort_key(tl.load(values_ptr + start + first_cols, mask=real, other=0.0), real)
         high = _order_key64(again) >> 32
         second = tl.sort((high << 32) | (cols.to(tl.int64) << 16) | first_cols, dim=1)
         perm = (second & 0xFFFF).to(tl.int32)
-        x = _load(values_ptr + start + perm, valid, 0.0, LANES)
+        x = tl.load(values_ptr + start + perm, mask=valid, other=0.0)
     else:
         packed = tl.sort((_order_key32(key).to(tl.int64) << 32) | cols.to(tl.int64), dim=1)
         perm = (packed & 0xFFFFFFFF).to(tl.int32)
@@ -482,8 +482,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         perm = cols
         x_compared = tl.where(valid, _compare_dtype_value(raw), 0.0)
     else:
-        perm, x_compared = _sort_by_packed_sort(values_ptr, start, n, key, cols, valid, LOG2_BLOCK,
-                                                LANES)
+        perm, x_compared = _sorted_rewards(values_ptr, start, n, key, cols, valid, LOG2_BLOCK, LANES)
     x = x_compared.to(tl.float64)
     # the group's extremes in the compare dtype (exact, and cheaper than float64 minima)
     xmin = tl.min(tl.where(valid, x_compared, float("inf")), axis=1)[:, None].to(tl.float64)
