@@ -398,12 +398,6 @@ def _over(a, b):
 
 
 @triton.jit
-def _rloo_over_n(y, ysum, n, nf, nm1):
-    """(x_j - mean of the others)/n, 0 for a singleton."""
-    return tl.where(n >= 2, _over(y - _over(ysum - y, nm1), nf), 0.0)
-
-
-@triton.jit
 def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has_bank, bank_ptr,
                         block_at, n, cols, rank, rf, kf, d, o, x, LANES: tl.constexpr):
     """Bagirov's first-order off-policy weights, O(n) scan form (spec 3.2), and `bad` with the
@@ -557,7 +551,10 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
             d_eff = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
         else:
             d_eff = tl.where(ksafe >= 2, _max_table(rank, n, ksafe, LANES), 0.0)
-        result = d_eff * y + result + w1 * _rloo_over_n(y, ysum, n, nf, nm1)
+        # W1 (x_j - mean of the others)/n = W1/(n-1) (y_j - mean of y): one division per group
+        # (0 for a singleton, where the term is 0)
+        w1_per_gap = tl.where(n >= 2, w1 / nm1, 0.0)
+        result = d_eff * y + result + w1_per_gap * (y - ymean)
     elif code == MAXK_OFFPOLICY:
         if DELTAS:  # compile-time: only in the kernels that off-policy launches use
             result, bad = _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp,
@@ -641,7 +638,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
             std = tl.sqrt(_row_sum(dev * dev) / nm1)
             result = tl.where((n >= 2) & (std > 0.0), _over(dev, std + eps * inv), 0.0)
         elif code == RLOO:
-            result = tl.where(n >= 2, (yu - _over(ysum_u - yu, nm1)) * unit, 0.0)
+            # x - mean of the others = (x - mean) n/(n - 1): one division per group
+            result = tl.where(n >= 2, dev * (nf / nm1 * unit), 0.0)
         else:
             result = dev * unit
     elif code == MAXRL:
