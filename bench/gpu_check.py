@@ -406,17 +406,19 @@ def section_kernels(ctx):
                     rep.check("kernels", label, problem)
 
 
-def triton_layouts(which, block):
+def triton_layouts(which, block, est):
     """(label suffix, context) per Triton layout a launch of this block can take: blocks up to 16
-    (32 for an on-policy launch running its estimator's own kernel on 16- or 32-bit rewards) run a
-    thread per group only from _config.LANE_MIN_GROUPS groups up, more than a check's batch, so
-    the lanes get a pass of their own with the threshold lowered."""
+    (32 for an on-policy launch running its estimator's own kernel on 16- or 32-bit rewards, 64
+    for grpo, rloo, dr_grpo and maxrl: _facts.CENTRED) run a thread per group only from
+    _config.LANE_MIN_GROUPS groups up, more than a check's batch, so the lanes get a pass of
+    their own with the threshold lowered."""
     import contextlib
 
-    from bonkernels.triton import _config
+    from bonkernels.triton import _config, _facts
 
     layouts = [("", contextlib.nullcontext)]
-    if which == "triton" and block is not None and block <= _config.OWN_KERNEL_LANE_MAX_BLOCK:
+    if (which == "triton" and block is not None
+            and block <= _config.lanes_up_to(est.needs_deltas, True, _facts.centred(est))):
         layouts.append((" lanes", lambda: _config.lane_threshold(1)))
     return layouts
 
@@ -429,6 +431,8 @@ def section_triton(ctx):
         else:
             rep.skip("triton", "no CUDA device and the Triton interpreter is off")
         return
+    from bonkernels.triton import _config
+
     torch = ctx.torch
     blocks = ctx.triton_blocks if not ctx.quick else [8, 64]
     dtypes = (torch.float64, torch.float32, torch.float16, torch.bfloat16) if not ctx.quick else (torch.float32,)
@@ -446,7 +450,7 @@ def section_triton(ctx):
                 if ctx.out_of_time("triton", f"{est.name} block={block} {dtype}"):
                     return
                 for variant, (suffix, layout) in itertools.product(variants(ctx, est)[:2],
-                                                                    triton_layouts("triton", block)):
+                                                                    triton_layouts("triton", block, est)):
                     variant = (dtype,) + variant[1:]
                     values, offsets, deltas = ctx.batch(ragged, est, dtype)
                     args = args_for(ctx, est, values, offsets, deltas, variant, block)
@@ -456,7 +460,9 @@ def section_triton(ctx):
                         with layout():
                             got, _ = ctx.run_backend("triton", args)
                         problem = ctx.compare(got, ctx.want(args), dtype)
-                        if problem is None and suffix and ctx.cuda and not est.needs_deltas:
+                        if (problem is None and suffix and ctx.cuda and not est.needs_deltas
+                                and block <= _config.OWN_KERNEL_LANE_MAX_BLOCK):
+                            # (above it only the centred estimators' own kernels run lanes)
                             problem = _same_as_generic_lanes(ctx, args, got, layout)
                     except Exception as error:
                         problem = f"raised {type(error).__name__}: {str(error)[:300]}"
@@ -523,7 +529,7 @@ def adversarial(ctx, which):
                         clean_d[offs[g]:offs[g + 1]] = 0.0
                 variant = (dtype, True, (-math.inf, math.inf), 1e-6, 2, 2)
                 args = args_for(ctx, est, values, offsets, deltas, variant, bound if ctx.cuda else None)
-                for suffix, layout in triton_layouts(which, bound):
+                for suffix, layout in triton_layouts(which, bound, est):
                     label = f"NaN contract {est.name} bucket<={bound} {str(dtype)[6:]}{suffix}"
                     try:
                         want = ctx.want(args_for(ctx, est, clean_v, offsets, clean_d, variant, None))
@@ -546,7 +552,7 @@ def adversarial(ctx, which):
         values = ctx.rewards(N, est, torch.float32)
         offsets = torch.tensor(offs, dtype=torch.int64)
         for hint, (suffix, layout) in ((h, lay) for h in ((8, 32, 300, 4096) if ctx.cuda else (None,))
-                                       for lay in triton_layouts(which, h)):
+                                       for lay in triton_layouts(which, h, est)):
             args = args_for(ctx, est, values, offsets, None, (torch.float32, True, (-math.inf, math.inf), 1e-6, 2, 2),
                             hint)
             label = f"malformed offsets ({name}) hint={hint}{suffix}"
@@ -574,7 +580,7 @@ def adversarial(ctx, which):
         for g, s in enumerate(sizes):
             if s > hint:
                 want[sum(sizes[:g]):sum(sizes[:g + 1])] = math.nan
-        for suffix, layout in triton_layouts(which, hint):
+        for suffix, layout in triton_layouts(which, hint, est):
             label = f"undersized hint {hint} for sizes {sizes}{suffix}"
             try:
                 with layout():
@@ -861,6 +867,8 @@ def section_plans(ctx):
     rep = ctx.report
     torch = ctx.torch
     bk = ctx.bk
+    from bonkernels.triton import _config, _facts  # pure Python: imports no triton
+
     backends = (["cuda"] if ctx.cuda else ["cpu"]) + (["triton"] if ctx.triton is not None else [])
     dtypes = (torch.float32, torch.bfloat16) if ctx.quick else (torch.float32, torch.bfloat16, torch.float64)
     # (9,000 groups: at n <= 16 a Triton launch of that many takes the thread-per-group layout)
@@ -901,7 +909,9 @@ def section_plans(ctx):
                             if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct_launches:
                                 problem = "the Triton plan never launched its compiled kernel directly"
                             if (problem is None and backend == "triton" and ctx.cuda and not est.needs_deltas
-                                    and n <= 16 and max(Gs) >= 9000 and not plan._run.launch.specialised_launches):
+                                    and n <= _config.lanes_up_to(False, _config.takes_own_kernel_lanes(True, dtype),
+                                                                 _facts.centred(est))
+                                    and max(Gs) >= 9000 and not plan._run.launch.specialised_launches):
                                 problem = "the Triton plan's lane launches (9,000 groups) never ran the estimator's kernel"
                         except Exception as error:
                             problem = f"raised {type(error).__name__}: {str(error)[:300]}"

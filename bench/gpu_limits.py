@@ -56,7 +56,7 @@ TARGET_KERNEL_US, TARGET_WALL_US = 5.0, 15.0
 
 SPREAD = "triton-spread"  # the Triton backend without its thread-per-group layout (an A/B)
 GENERIC = "triton-generic"  # its lane launches without the estimator's own kernel (an A/B)
-LANE_AB = (SPREAD, GENERIC)  # timed only where the lanes run (n <= 16, on-policy 32), not on small batches
+LANE_AB = (SPREAD, GENERIC)  # timed only where the lanes run (n <= 16, on-policy 32, grpo 64), not on small batches
 PLAN = "plan:"  # plan:<backend>: the call prepared once (small batch only: the same kernels)
 
 
@@ -89,10 +89,18 @@ def generic_lanes():
 
 def _lane_max_block(estimator: str) -> int:
     """The largest n whose launches run a thread per group (on a batch that fills the GPU)."""
-    from bonkernels.triton import _config  # pure Python: imports no triton
+    from bonkernels import estimators
+    from bonkernels.triton import _config, _facts  # pure Python: imports no triton
 
-    if estimator == "maxk_offpolicy":  # its lanes run the kernel with every estimator
-        return _config.LANE_MAX_BLOCK
+    est = estimators.get(estimator)  # off-policy lanes run the kernel with every estimator
+    return _config.lanes_up_to(est.needs_deltas, True, _facts.centred(est))
+
+
+def _generic_lane_max_block() -> int:
+    """The largest block the A/B cell triton-generic times: the kernel with every estimator in
+    lanes, as the estimators' own kernels up to 32 (the centred ones go to 64 in their own only)."""
+    from bonkernels.triton import _config
+
     return _config.OWN_KERNEL_LANE_MAX_BLOCK
 
 
@@ -157,6 +165,8 @@ def bandwidth_rows(backends, clock: Clock, device: str, n_samples: int, ns, log)
             for est in ESTIMATORS:
                 if backend in LANE_AB and n > _lane_max_block(est):
                     continue  # the same kernel as triton's there
+                if backend == GENERIC and n > _generic_lane_max_block():
+                    continue  # (a launch never runs the kernel with every estimator in lanes there)
                 if backend == GENERIC and est == "maxk_offpolicy":
                     continue  # its lanes are not specialised: the same kernel as triton's
                 call, nbytes = make_call(backend, est, G, n, device)

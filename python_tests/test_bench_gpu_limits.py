@@ -78,4 +78,6 @@ def test_generic_lanes_take_the_blocks_of_the_estimators_own_kernels():
         assert _config.config_for_block(_config.OWN_KERNEL_LANE_MAX_BLOCK, False, own_kernel=own).lanes
     assert _config.SPECIALISED_LANES and _config.OWN_KERNEL_LANES is None
     assert gl._lane_max_block("maxk_offpolicy") == _config.LANE_MAX_BLOCK
-    assert gl._lane_max_block("grpo") == _config.OWN_KERNEL_LANE_MAX_BLOCK
+    assert gl._lane_max_block("maxk_loo1") == _config.OWN_KERNEL_LANE_MAX_BLOCK
+    assert gl._lane_max_block("grpo") == _config.CENTRED_LANE_MAX_BLOCK  # a centred estimator
+    assert gl._generic_lane_max_block() == _config.OWN_KERNEL_LANE_MAX_BLOCK

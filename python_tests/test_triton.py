@@ -266,6 +266,12 @@ def test_own_kernel_lanes_reach_block_32_on_policy_for_narrow_rewards():
     assert not _config.config_for_block(top, True, True, own_kernel=True).lanes  # off-policy
     assert not _config.config_for_block(top, False, False, own_kernel=True).lanes  # a small batch
     assert not _config.config_for_block(2 * top, False, True, own_kernel=True).lanes
+    # a centred estimator's own kernel goes one block further (no sort, no tables)
+    widest = _config.CENTRED_LANE_MAX_BLOCK
+    assert widest == 2 * top
+    assert _config.config_for_block(widest, False, True, own_kernel=True, centred=True).lanes
+    assert not _config.config_for_block(widest, False, True, centred=True).lanes
+    assert not _config.config_for_block(2 * widest, False, True, own_kernel=True, centred=True).lanes
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert _config.takes_own_kernel_lanes(True, dtype) and not _config.takes_own_kernel_lanes(False, dtype)
     assert not _config.takes_own_kernel_lanes(True, torch.float64)
@@ -335,9 +341,11 @@ def test_specialised_lane_kernels_take_the_launch_arguments():
 
 
 SPECIALISED_PROBE = """
-from bonkernels.triton import aot
+from bonkernels.triton import _config, aot
 generic = {}  # each lane configuration's kernel with every estimator, compiled once
 for spec in aot.estimator_specialisations():
+    if spec.config.block > _config.OWN_KERNEL_LANE_MAX_BLOCK:  # centred only: not compared
+        generic[spec.config] = "-"
     if spec.config not in generic:
         kernel = aot.compile_one(aot.Specialisation(spec.dtype_name, spec.config), 90)
         generic[spec.config] = aot.resource_usage(kernel.asm["ptx"], 90)
@@ -356,10 +364,11 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
     """Every on-policy estimator's lane kernel (fp32, every lane block, each bank mode) compiles
     for sm_90 without a spill and with fewer registers than the kernel with every estimator: the
     point of compiling one per estimator (a thread holds its whole group). Above LANE_MAX_BLOCK, where only these kernels run lanes, a thread holds 32 float64s per tile and
-    may spill: less than the kernel with every estimator, and within OWN_KERNEL_SPILL_PER_SAMPLE."""
+    may spill: less than the kernel with every estimator, and within OWN_KERNEL_SPILL_PER_SAMPLE.
+    Above OWN_KERNEL_LANE_MAX_BLOCK only the centred estimators run lanes, and without a spill."""
     import re
 
-    from bonkernels.triton import aot
+    from bonkernels.triton import _facts, aot
 
     result = _run(["-c", SPECIALISED_PROBE], {}, 900)
     assert result.returncode == 0, _tail(result)
@@ -367,8 +376,15 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
     specs = aot.estimator_specialisations()
     assert len(lines) == len(specs) > 0, result.stdout
     assert {s.config.block for s in specs} == {b for b in _config.all_blocks()
-                                               if b <= _config.OWN_KERNEL_LANE_MAX_BLOCK}
+                                               if b <= _config.CENTRED_LANE_MAX_BLOCK}
+    widest = [s for s in specs if s.config.block > _config.OWN_KERNEL_LANE_MAX_BLOCK]
+    assert {estimators.BY_CODE[s.constants.code].name for s in widest} == {
+        e.name for e in _facts.kernel_estimators() if _facts.centred(e)}
     for spec, line in zip(specs, lines):
+        if spec in widest:
+            usage = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", line.split("|")[1])
+            assert usage and usage.group(2) == usage.group(3) == "0", line
+            continue
         usage = [re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", part) for part in line.split("|")[1:]]
         assert len(usage) == 2 and all(usage), line
         (registers, stored, loaded), (generic_registers, generic_stored, _) = [

@@ -21,6 +21,11 @@ LANE_MAX_BLOCK = 16  # a thread per group up to this block (see the kernel's mod
 # layout (maxk_loo1 and grpo; static counts, sm_90, not yet timed on a GPU); float64 rewards sort
 # in two passes with gathers and spill more there.
 OWN_KERNEL_LANE_MAX_BLOCK = 32
+# The own kernel of an estimator computed from the group's centre alone (grpo, rloo, dr_grpo and
+# maxrl: _facts.CENTRED) neither sorts nor weights by rank: a thread holds the rewards and their centred float64 values alone, which fit one block
+# further without a spill (sm_90, float32: 206-212 registers at BLOCK = 64, test_triton.py checks
+# it), at 56-69 instructions per sample against 410-560 in the spread layout (static counts).
+CENTRED_LANE_MAX_BLOCK = 64
 # Whether launches take the blocks above LANE_MAX_BLOCK as lanes: None, when they run their own
 # kernel (above); True, always (the interpreter's tests, and the GPU check's kernel with every
 # estimator, which must give the same bits); False, never. See `own_kernel_lanes`.
@@ -69,11 +74,12 @@ def block_for(max_group_size: int) -> int:
     return block
 
 
-def config_for(block: int, deltas: bool, num_groups: int, own_kernel: bool = False) -> LaunchConfig:
+def config_for(block: int, deltas: bool, num_groups: int, own_kernel: bool = False,
+               centred: bool = False) -> LaunchConfig:
     """The launch of `num_groups` groups in a block: a thread per group only from
-    LANE_MIN_GROUPS groups up (read at each call: `lane_threshold` changes it); `own_kernel`:
-    see `lanes_up_to`."""
-    return config_for_block(block, deltas, bool(num_groups >= LANE_MIN_GROUPS), own_kernel)
+    LANE_MIN_GROUPS groups up (read at each call: `lane_threshold` changes it); `own_kernel` and
+    `centred`: see `lanes_up_to`."""
+    return config_for_block(block, deltas, bool(num_groups >= LANE_MIN_GROUPS), own_kernel, centred)
 
 
 def takes_own_kernel_lanes(runs_own_kernel: bool, dtype: torch.dtype) -> bool:
@@ -84,10 +90,13 @@ def takes_own_kernel_lanes(runs_own_kernel: bool, dtype: torch.dtype) -> bool:
     return runs_own_kernel and dtype != torch.float64
 
 
-def lanes_up_to(deltas: bool, own_kernel: bool) -> int:
-    """The largest block a launch runs with a thread per group: OWN_KERNEL_LANE_MAX_BLOCK for an
-    on-policy launch with `own_kernel` (see takes_own_kernel_lanes), LANE_MAX_BLOCK otherwise."""
-    return OWN_KERNEL_LANE_MAX_BLOCK if own_kernel and not deltas else LANE_MAX_BLOCK
+def lanes_up_to(deltas: bool, own_kernel: bool, centred: bool = False) -> int:
+    """The largest block a launch runs with a thread per group: for an on-policy launch with
+    `own_kernel` (see takes_own_kernel_lanes), CENTRED_LANE_MAX_BLOCK when its estimator is
+    `centred` (_facts.centred) and OWN_KERNEL_LANE_MAX_BLOCK otherwise; LANE_MAX_BLOCK for any other launch."""
+    if not own_kernel or deltas:
+        return LANE_MAX_BLOCK
+    return CENTRED_LANE_MAX_BLOCK if centred else OWN_KERNEL_LANE_MAX_BLOCK
 
 
 @contextlib.contextmanager
@@ -128,12 +137,13 @@ def specialised_lanes(enabled: bool):
 
 @functools.lru_cache(maxsize=None)
 def config_for_block(block: int, deltas: bool = True, lanes: bool = True,
-                     own_kernel: bool = False) -> LaunchConfig:
+                     own_kernel: bool = False, centred: bool = False) -> LaunchConfig:
     """The launch of a block; `deltas`: whether the estimator reads deltas (only the
     thread-per-group kernels leave the off-policy branch out when it does not); `lanes`: whether
-    a thread per group may be used (the batch has enough groups, see config_for); `own_kernel`:
-    whether an on-policy launch may take lanes up to OWN_KERNEL_LANE_MAX_BLOCK (lanes_up_to)."""
-    if lanes and block <= lanes_up_to(deltas, own_kernel):
+    a thread per group may be used (the batch has enough groups, see config_for); `own_kernel`
+    and `centred`: whether an on-policy launch may take lanes above LANE_MAX_BLOCK, and up to
+    which block (lanes_up_to)."""
+    if lanes and block <= lanes_up_to(deltas, own_kernel, centred):
         # one group per thread, a group's tables, sort and scans in its registers
         return LaunchConfig(block, 32 * LANE_WARPS, LANE_WARPS, True, deltas)
     # at least 512 elements per program, 2-4 per thread: many warps keep the sort's code small

@@ -42,6 +42,15 @@ def linear_in_tables(est: estimators.Estimator) -> bool:
     return est.linear_in_tables
 
 
+# The estimators computed from the group's centre alone (its mean and spread): no sort, no rank
+# tables, the smallest tiles of all (the CUDA kernels' kCentred set of calls).
+CENTRED = ("grpo", "rloo", "dr_grpo", "maxrl")
+
+
+def centred(est: estimators.Estimator) -> bool:
+    return est.name in CENTRED
+
+
 def kernel_estimators() -> list:
     """Every estimator the kernel implements, in code order."""
     return sorted((e for e in estimators.REGISTRY.values() if in_kernel(e)), key=lambda e: e.code)
