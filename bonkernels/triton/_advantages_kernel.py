@@ -419,11 +419,12 @@ def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has
         q = _bank_row(bank_ptr, block_at, 2, n, cols, valid, LANES)
     else:
         q = tl.where(rank >= 3, o * (kf - 2.0) / tl.maximum(rf - 2.0, 1.0), 0.0)
-    s1 = _suffix_exclusive(o * x, LANES)
-    s2 = _suffix_exclusive(o * dl * x, LANES)
-    s3 = _suffix_exclusive(q * below * x, LANES)
-    s4 = _suffix_exclusive(q * x, LANES)
-    return (1.0 + dl) * (d * x + s1) + o * below * x + s2 + s3 - dl * s4, bad
+    # spec 3.2's (1 + dl_j) (d_j x_j + S[o x]_j) + o_j below_j x_j + S[o dl x]_j + S[q below x]_j
+    # - dl_j S[q x]_j, S[v]_j = sum_{t > j} v_t, in two scans instead of four:
+    # (1 + dl_j) S[o x] - dl_j S[q x] = S[o x] + dl_j S[(o - q) x], and S is linear
+    spread = _suffix_exclusive((o * (1.0 + dl) + q * below) * x, LANES)
+    own = _suffix_exclusive((o - q) * x, LANES)
+    return ((1.0 + dl) * d + o * below) * x + spread + dl * own, bad
 
 
 # No runtime specialisation beyond the argument types: ints equal to 1 or divisible by 16 would
