@@ -460,7 +460,7 @@ def section_triton(ctx):
                         with layout():
                             got, _ = ctx.run_backend("triton", args)
                         problem = ctx.compare(got, ctx.want(args), dtype)
-                        if (problem is None and suffix and ctx.cuda and not est.needs_deltas
+                        if (problem is None and suffix and ctx.cuda
                                 and block <= _config.OWN_KERNEL_LANE_MAX_BLOCK):
                             # (above it only the centred estimators' own kernels run lanes)
                             problem = _same_as_generic_lanes(ctx, args, got, layout)
@@ -470,7 +470,7 @@ def section_triton(ctx):
 
 
 def _same_as_generic_lanes(ctx, args, got, layout):
-    """An on-policy lane launch on a GPU runs the kernel compiled for its estimator: it must give
+    """A lane launch on a GPU runs the kernel compiled for its estimator: it must give
     the bits of the kernel with every estimator, in the same layout (the kernel with every
     estimator takes lanes at block 32 only when told to)."""
     from bonkernels.triton import _config
@@ -908,8 +908,9 @@ def section_plans(ctx):
                                 problem = _plan_on_streams_and_graphs(ctx, plan, est, n, dtype)
                             if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct_launches:
                                 problem = "the Triton plan never launched its compiled kernel directly"
-                            if (problem is None and backend == "triton" and ctx.cuda and not est.needs_deltas
-                                    and n <= _config.lanes_up_to(False, _config.takes_own_kernel_lanes(True, dtype),
+                            if (problem is None and backend == "triton" and ctx.cuda
+                                    and n <= _config.lanes_up_to(est.needs_deltas,
+                                                                 _config.takes_own_kernel_lanes(True, dtype),
                                                                  _facts.centred(est))
                                     and max(Gs) >= 9000 and not plan._run.launch.specialised_launches):
                                 problem = "the Triton plan's lane launches (9,000 groups) never ran the estimator's kernel"

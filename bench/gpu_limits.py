@@ -7,10 +7,10 @@ Every call is ``bk.advantages(rewards, 4, estimator, check_inputs=False, max_gro
 backend=B)`` on float32 [G, n] rewards ~ U(0, 1) (maxk_offpolicy: with deltas and clamp_delta), for
 B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo; ``triton-spread`` is
 the Triton backend with its thread-per-group layout turned off (a group spread over many threads,
-as every block used before the lanes), timed beside it where the lanes run (n <= 16, and n = 32
-for the on-policy estimators) as an A/B of the two layouts; ``triton-generic`` keeps the lanes but
-launches the kernel with every estimator instead of the one compiled for the call's estimator
-(on-policy estimators at n <= 32: the A/B of that specialisation). Measured:
+as every block used before the lanes), timed beside it where the lanes run (n <= 16, n = 32 for
+the on-policy estimators and n = 64 for grpo) as an A/B of the two layouts; ``triton-generic``
+keeps the lanes but launches the kernel with every estimator instead of the one compiled for the
+call's estimator (n <= 16, and n = 32 on-policy: the A/B of that specialisation). Measured:
 
 * bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 128, 512, 1024, 4096): the time of one call
   (CUDA events, L2 flushed before each repetition; bench/timing.py), the bytes it must move
@@ -92,7 +92,7 @@ def _lane_max_block(estimator: str) -> int:
     from bonkernels import estimators
     from bonkernels.triton import _config, _facts  # pure Python: imports no triton
 
-    est = estimators.get(estimator)  # off-policy lanes run the kernel with every estimator
+    est = estimators.get(estimator)
     return _config.lanes_up_to(est.needs_deltas, True, _facts.centred(est))
 
 
@@ -167,8 +167,6 @@ def bandwidth_rows(backends, clock: Clock, device: str, n_samples: int, ns, log)
                     continue  # the same kernel as triton's there
                 if backend == GENERIC and n > _generic_lane_max_block():
                     continue  # (a launch never runs the kernel with every estimator in lanes there)
-                if backend == GENERIC and est == "maxk_offpolicy":
-                    continue  # its lanes are not specialised: the same kernel as triton's
                 call, nbytes = make_call(backend, est, G, n, device)
                 try:
                     s = clock.seconds(call)

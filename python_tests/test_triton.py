@@ -233,20 +233,20 @@ def test_direct_launch_passes_what_tritons_launch_passes():
             assert arg is want if isinstance(want, torch.Tensor) else arg == want, (name, key)
 
 
-def test_on_policy_lane_launches_run_their_estimators_kernel():
-    """On a GPU, on-policy lane launches take the kernel compiled for their estimator; off-policy
-    lane launches, the spread layout, launches with an int64 count of groups and launches with
-    the switch off take the kernel with every estimator."""
+def test_lane_launches_run_their_estimators_kernel():
+    """On a GPU, lane launches, on- and off-policy, take the kernel compiled for their
+    estimator; the spread layout, launches with an int64 count of groups and launches with the
+    switch off take the kernel with every estimator."""
     from bonkernels.triton.advantages import _compiled_kernel_fits, runs_specialised
 
     for block in (8, 16):
-        on_policy_lanes = _config.config_for_block(block, False, True)
-        assert runs_specialised(on_policy_lanes)
-        assert not runs_specialised(_config.config_for_block(block, True, True))
-        assert not runs_specialised(_config.config_for_block(block, False, False))
-        with _config.specialised_lanes(False):
-            assert not runs_specialised(on_policy_lanes)
-        assert runs_specialised(on_policy_lanes)
+        for deltas in (False, True):
+            lanes = _config.config_for_block(block, deltas, True)
+            assert runs_specialised(lanes)
+            assert not runs_specialised(_config.config_for_block(block, deltas, False))
+            with _config.specialised_lanes(False):
+                assert not runs_specialised(lanes)
+            assert runs_specialised(lanes)
     assert not runs_specialised(_config.config_for_block(64, False, True))
     assert _compiled_kernel_fits(True, 2**31 - 1) and not _compiled_kernel_fits(True, 2**31)
     assert not _compiled_kernel_fits(False, 10)
@@ -320,16 +320,17 @@ def test_specialised_lane_kernels_take_the_launch_arguments():
     offsets = torch.tensor([0, 16, 30, 40])
     bank, bank_index = torch.zeros(30, dtype=torch.float64), torch.zeros(17, dtype=torch.int64)
     specs = aot.estimator_specialisations()
-    assert {s.constants.code for s in specs} == {e.code for e in _facts.kernel_estimators() if not e.needs_deltas}
+    assert {s.constants.code for s in specs} == {e.code for e in _facts.kernel_estimators()}
     for spec in specs:
         est = estimators.BY_CODE[spec.constants.code]
         with_bank = bool(spec.constants.has_bank)
-        launch = PreparedLaunch(estimator_for_launch(est.code, None, bank if with_bank else None), 3, None,
+        deltas = values * 0.1 if est.needs_deltas else None
+        launch = PreparedLaunch(estimator_for_launch(est.code, deltas, bank if with_bank else None), 3, None,
                                 -math.inf, 1.5, True, 2, 1e-4, spec.config.block, with_bank)
         assert launch.constants == spec.constants
         # (on a GPU a launch that runs its own kernel takes lanes up to OWN_KERNEL_LANE_MAX_BLOCK)
         with _config.lane_threshold(1), _config.own_kernel_lanes(True):
-            config, _, args = launch.arguments(values, offsets, None, torch.empty_like(values),
+            config, _, args = launch.arguments(values, offsets, deltas, torch.empty_like(values),
                                                bank if with_bank else None, bank_index if with_bank else None)
         assert config == spec.config
         signature = _sources.signature("fp32", launch.constants)
@@ -361,9 +362,11 @@ OWN_KERNEL_SPILL_PER_SAMPLE = 16
 
 
 def test_specialised_lane_kernels_compile_with_fewer_registers():
-    """Every on-policy estimator's lane kernel (fp32, every lane block, each bank mode) compiles
-    for sm_90 without a spill and with fewer registers than the kernel with every estimator: the
-    point of compiling one per estimator (a thread holds its whole group). Above LANE_MAX_BLOCK, where only these kernels run lanes, a thread holds 32 float64s per tile and
+    """Every estimator's lane kernel (fp32, every lane block, each bank mode) compiles for sm_90
+    without a spill and with fewer registers than the kernel with every estimator, or, where both
+    take all 255 (off-policy at 16), where that one spills: the point of compiling one per
+    estimator (a thread holds its whole group). Above LANE_MAX_BLOCK, where only the on-policy
+    estimators' kernels run lanes, a thread holds 32 float64s per tile and
     may spill: less than the kernel with every estimator, and within OWN_KERNEL_SPILL_PER_SAMPLE.
     Above OWN_KERNEL_LANE_MAX_BLOCK only the centred estimators run lanes, and without a spill."""
     import re
@@ -390,7 +393,7 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
         (registers, stored, loaded), (generic_registers, generic_stored, _) = [
             tuple(int(g) for g in m.groups()) for m in usage]
         if spec.config.block <= _config.LANE_MAX_BLOCK:
-            assert stored == 0 and registers < generic_registers, line
+            assert stored == 0 and (registers < generic_registers or generic_stored > 0), line
         else:
             assert stored < generic_stored and registers <= generic_registers, line
             assert loaded <= OWN_KERNEL_SPILL_PER_SAMPLE * spec.config.block, line

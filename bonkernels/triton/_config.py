@@ -36,7 +36,7 @@ LANE_WARPS = 1  # warps per program in lane mode: 32 groups each, so G = 1024 fi
 # an H200 at n = 16 (kernel time, maxk_loo1): spread 4.0 / 4.2 us against lanes 5.7 / 5.8 us at
 # G = 1,024 / 4,096; lanes 8.5 against 9.1 us at 16,384 and 2x faster from 65,536.
 LANE_MIN_GROUPS = 8192
-# An on-policy lane launch on a GPU runs the kernel compiled for its estimator (_sources.py): the
+# A lane launch on a GPU runs the kernel compiled for its estimator (_sources.py): the
 # same arithmetic in far fewer registers. Off (`specialised_lanes(False)`): the kernel with every
 # estimator, which the spread layout and torch.compile's traced launches always take.
 SPECIALISED_LANES = True

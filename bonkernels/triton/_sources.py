@@ -22,9 +22,9 @@ takes lanes at 64, and is compared with the float64 reference only there); a lau
 specialisation it needs on first use (about a second) and keeps it. The spread layout (larger
 blocks, small batches) keeps its one kernel per block and dtype: its tiles are spread over many
 threads and do not crowd registers.
-So does the off-policy lane kernel: it spills with or without the other estimators (at BLOCK = 16,
-56/104 bytes stored/loaded with them; 68/68 specialised for a call from a bank), so
-specialising it trades one spill for another, and a GPU has to say which is faster.
+Off-policy lane launches (maxk_offpolicy, up to BLOCK = 16) run their estimator's kernel too:
+at BLOCK = 16 it fits without a spill, where the kernel with every estimator spills 76/144 bytes
+stored/loaded.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ ESTIMATOR_ARGUMENTS = ("code", "k_margin", "uses_k", "natural_mean", "has_bank",
 
 def specialised_per_estimator(config: _config.LaunchConfig) -> bool:
     """Whether launches of this configuration run a kernel compiled for their estimator."""
-    return config.lanes and not config.deltas
+    return config.lanes
 
 
 @dataclass(frozen=True)

@@ -80,8 +80,7 @@ class PreparedLaunch:
     every global constant of the kernel on each call: tens of microseconds, several times the
     kernel of a small batch. Every integer argument of the kernel is unspecialised and no pointer
     is specialised on alignment, so for one estimator, dtype and launch configuration the compiled
-    kernel is always the same and can be kept after its first launch. An on-policy lane launch
-    takes, from its first call, the kernel compiled for its estimator (`specialised_lane_kernel`),
+    kernel is always the same and can be kept after its first launch. A lane launch takes, from its first call, the kernel compiled for its estimator (`specialised_lane_kernel`),
     with the same arguments."""
 
     def __init__(self, est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, block,
@@ -132,7 +131,7 @@ class PreparedLaunch:
         return config, (triton.cdiv(num_groups, config.groups),), args
 
     def launch(self, config, grid, args, values):
-        """Launch on the values' device and its current stream: an on-policy lane launch on a GPU
+        """Launch on the values' device and its current stream: a lane launch on a GPU
         runs the kernel compiled for its estimator (_sources.py), any other launch Triton's own
         until its kernel is compiled there, then that kernel directly."""
         fits = _compiled_kernel_fits(values.is_cuda, args[6])
