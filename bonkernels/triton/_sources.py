@@ -14,11 +14,12 @@ maxk_loo1 from a bank needs 165 registers, grpo 113, maxrl 85 (`python -m bonker
 per group at BLOCK = 32 (16- and 32-bit rewards, _config.OWN_KERNEL_LANE_MAX_BLOCK), where the
 kernel with every estimator spills about 2 KB a thread; some estimators' own kernels spill there too
 (maxk_loo up to 376 bytes loaded), and test_triton.py bounds it. The centred estimators' own
-kernels (grpo, rloo, dr_grpo, maxrl), which neither sort nor build tables, keep a thread per group at BLOCK = 64 as well
-(_config.CENTRED_LANE_MAX_BLOCK), without a spill. The source is the same kernel and the
-constants only remove branches, so the arithmetic is the same (the GPU check compares the two
-kernels bit for bit, in the same layout, up to BLOCK = 32: the kernel with every estimator never
-takes lanes at 64, and is compared with the float64 reference only there); a launch compiles the
+kernels (grpo, rloo, dr_grpo, maxrl), which neither sort nor build tables, keep a thread per
+group at BLOCK = 64 as well (_config.CENTRED_LANE_MAX_BLOCK), without a spill. The source is the
+same kernel and the constants only remove branches, so the arithmetic is the same (the GPU check
+compares the two kernels bit for bit, in the same layout, up to BLOCK = 32; the kernel with every
+estimator never takes lanes at 64, so there the check compares the own kernel with the float64
+reference only); a launch compiles the
 specialisation it needs on first use (about a second) and keeps it. The spread layout (larger
 blocks, small batches) keeps its one kernel per block and dtype: its tiles are spread over many
 threads and do not crowd registers.

@@ -80,8 +80,9 @@ class PreparedLaunch:
     every global constant of the kernel on each call: tens of microseconds, several times the
     kernel of a small batch. Every integer argument of the kernel is unspecialised and no pointer
     is specialised on alignment, so for one estimator, dtype and launch configuration the compiled
-    kernel is always the same and can be kept after its first launch. A lane launch takes, from its first call, the kernel compiled for its estimator (`specialised_lane_kernel`),
-    with the same arguments."""
+    kernel is always the same and can be kept after its first launch. A lane launch takes, from
+    its first call, the kernel compiled for its estimator (`specialised_lane_kernel`), with the
+    same arguments."""
 
     def __init__(self, est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, block,
                  has_bank):
