@@ -56,7 +56,8 @@ TARGET_KERNEL_US, TARGET_WALL_US = 5.0, 15.0
 
 SPREAD = "triton-spread"  # the Triton backend without its thread-per-group layout (an A/B)
 GENERIC = "triton-generic"  # its lane launches without the estimator's own kernel (an A/B)
-LANE_AB = (SPREAD, GENERIC)  # timed only where the lanes run (n <= 16, on-policy 32, grpo 64)
+# the A/B cells: timed only where the lanes run (n <= 16, on-policy 32, grpo 64), not on small batches
+LANE_AB = (SPREAD, GENERIC)
 PLAN = "plan:"  # plan:<backend>: the call prepared once (small batch only: the same kernels)
 
 
