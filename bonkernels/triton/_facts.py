@@ -43,7 +43,8 @@ def linear_in_tables(est: estimators.Estimator) -> bool:
 
 
 # The estimators computed from the group's centre alone (its mean and spread): no sort, no rank
-# tables, the smallest tiles of all (the CUDA kernels' kCentred set of calls).
+# tables, the smallest tiles of all (the CUDA kernels' kCentred set of calls). Only a launch rule
+# reads it (_config.CENTRED_LANE_MAX_BLOCK), which is correct for any subset of estimators.
 CENTRED = ("grpo", "rloo", "dr_grpo", "maxrl")
 
 
