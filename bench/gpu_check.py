@@ -409,16 +409,15 @@ def section_kernels(ctx):
 def triton_layouts(which, block, est):
     """(label suffix, context) per Triton layout a launch of this block can take: blocks up to 16
     (32 for an on-policy launch running its estimator's own kernel on 16- or 32-bit rewards, 64
-    for grpo, rloo, dr_grpo and maxrl: _facts.CENTRED) run a thread per group only from
+    for grpo, rloo, dr_grpo and maxrl: _config.CENTRED) run a thread per group only from
     _config.LANE_MIN_GROUPS groups up, more than a check's batch, so the lanes get a pass of
     their own with the threshold lowered."""
     import contextlib
 
-    from bonkernels.triton import _config, _facts
+    from bonkernels.triton import _config
 
     layouts = [("", contextlib.nullcontext)]
-    if (which == "triton" and block is not None
-            and block <= _config.lanes_up_to(est.needs_deltas, True, _facts.centred(est))):
+    if which == "triton" and block is not None and block <= _config.estimator_lanes_up_to(est):
         layouts.append((" lanes", lambda: _config.lane_threshold(1)))
     return layouts
 
@@ -867,7 +866,7 @@ def section_plans(ctx):
     rep = ctx.report
     torch = ctx.torch
     bk = ctx.bk
-    from bonkernels.triton import _config, _facts  # pure Python: imports no triton
+    from bonkernels.triton import _config  # pure Python: imports no triton
 
     backends = (["cuda"] if ctx.cuda else ["cpu"]) + (["triton"] if ctx.triton is not None else [])
     dtypes = (torch.float32, torch.bfloat16) if ctx.quick else (torch.float32, torch.bfloat16, torch.float64)
@@ -909,9 +908,8 @@ def section_plans(ctx):
                             if problem is None and backend == "triton" and ctx.cuda and not plan._run.launch.direct_launches:
                                 problem = "the Triton plan never launched its compiled kernel directly"
                             if (problem is None and backend == "triton" and ctx.cuda
-                                    and n <= _config.lanes_up_to(est.needs_deltas,
-                                                                 _config.takes_own_kernel_lanes(True, dtype),
-                                                                 _facts.centred(est))
+                                    and n <= _config.estimator_lanes_up_to(
+                                        est, _config.takes_own_kernel_lanes(True, dtype))
                                     and max(Gs) >= 9000 and not plan._run.launch.specialised_launches):
                                 problem = "the Triton plan's lane launches (9,000 groups) never ran the estimator's kernel"
                         except Exception as error:

@@ -91,10 +91,9 @@ def generic_lanes():
 def _lane_max_block(estimator: str) -> int:
     """The largest n whose launches run a thread per group (on a batch that fills the GPU)."""
     from bonkernels import estimators
-    from bonkernels.triton import _config, _facts  # pure Python: imports no triton
+    from bonkernels.triton import _config  # pure Python: imports no triton
 
-    est = estimators.get(estimator)
-    return _config.lanes_up_to(est.needs_deltas, True, _facts.centred(est))
+    return _config.estimator_lanes_up_to(estimators.get(estimator))
 
 
 def _generic_lane_max_block() -> int:

@@ -709,13 +709,13 @@ def compile_triton(dtype: str, block: int, code: int | None = None):
     kernel a lane launch of that call builds (at larger blocks a static-analysis specialisation
     the launcher never builds)."""
     from bonkernels import estimators, tables
-    from bonkernels.triton import _config, _facts, _sources, aot
+    from bonkernels.triton import _config, _sources, aot
 
     if code is None:  # every estimator: the kernel with the off-policy branch
         cfg = _config.config_for_block(block, True)
         return cfg, aot.compile_one(aot.Specialisation(dtype, cfg), 90)
     est = estimators.BY_CODE[code]
-    cfg = _config.config_for_block(block, est.needs_deltas, own_kernel=True, centred=_facts.centred(est))
+    cfg = _config.config_for_block(block, est.needs_deltas, own_kernel=True, centred=_config.is_centred(est))
     # the path of a single-k call on [G, n] rewards: one k's bank where the estimator takes one
     constants = _sources.constants_of(est, est.name in tables.BANK_ESTIMATORS)
     return cfg, aot.compile_one(aot.Specialisation(dtype, cfg, constants), 90)

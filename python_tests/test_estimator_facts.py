@@ -111,7 +111,7 @@ DECLARED = {
     ("csrc/tests/test_group_math.cpp", "centred"): "sample",
     # the estimators whose own Triton kernels take lanes up to block 64: a selection, correct for
     # any subset (the layout changes no value; test_triton.py checks that each fits there)
-    ("bonkernels/triton/_facts.py", "CENTRED"): "sample",
+    ("bonkernels/triton/_config.py", "CENTRED"): "sample",
 }
 
 

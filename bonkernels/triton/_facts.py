@@ -42,16 +42,6 @@ def linear_in_tables(est: estimators.Estimator) -> bool:
     return est.linear_in_tables
 
 
-# The estimators computed from the group's centre alone (its mean and spread): no sort, no rank
-# tables, the smallest tiles of all (the CUDA kernels' kCentred set of calls). Only a launch rule
-# reads it (_config.CENTRED_LANE_MAX_BLOCK), which is correct for any subset of estimators.
-CENTRED = ("grpo", "rloo", "dr_grpo", "maxrl")
-
-
-def centred(est: estimators.Estimator) -> bool:
-    return est.name in CENTRED
-
-
 def kernel_estimators() -> list:
     """Every estimator the kernel implements, in code order."""
     return sorted((e for e in estimators.REGISTRY.values() if in_kernel(e)), key=lambda e: e.code)

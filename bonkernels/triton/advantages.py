@@ -121,7 +121,7 @@ class PreparedLaunch:
                       and _config.SPECIALISED_LANES)
         config = _config.config_for(self.block, self.est.needs_deltas, num_groups,
                                     _config.takes_own_kernel_lanes(own_kernel, values.dtype),
-                                    _facts.centred(self.est))
+                                    _config.is_centred(self.est))
         # Tensors the kernel does not read still need a pointer of the right type: deltas only for
         # the off-policy estimators, the bank only in bank mode.
         deltas_arg = deltas if self.est.needs_deltas else values

@@ -56,7 +56,7 @@ def estimator_specialisations(dtype_name: str = "fp32") -> list[Specialisation]:
     for block in _config.all_blocks():
         for est in _facts.kernel_estimators():
             config = _config.config_for_block(block, est.needs_deltas, True, own_kernel=True,
-                                              centred=_facts.centred(est))
+                                              centred=_config.is_centred(est))
             if not _sources.specialised_per_estimator(config):
                 continue
             for has_bank in (False, True) if _facts.linear_in_tables(est) else (False,):
