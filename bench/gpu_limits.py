@@ -9,8 +9,9 @@ B in (cuda, triton), and the estimators maxk_loo1, maxk_offpolicy and grpo; ``tr
 the Triton backend with its thread-per-group layout turned off (a group spread over many threads,
 as every block used before the lanes), timed beside it where the lanes run (n <= 16, n = 32 for
 the on-policy estimators and n = 64 for grpo) as an A/B of the two layouts; ``triton-generic``
-keeps the lanes but launches the kernel with every estimator instead of the one compiled for the
-call's estimator (n <= 16, and n = 32 on-policy: the A/B of that specialisation). Measured:
+launches the kernel with every estimator instead of the one compiled for the call's estimator, in
+the same layouts (timed in lanes at n <= 16 and n = 32 on-policy, and on the small batch, where a
+group spreads over threads: the A/B of that specialisation). Measured:
 
 * bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 128, 512, 1024, 4096): the time of one call
   (CUDA events, L2 flushed before each repetition; bench/timing.py), the bytes it must move
@@ -55,8 +56,8 @@ TARGET_KERNEL_US, TARGET_WALL_US = 5.0, 15.0
 
 
 SPREAD = "triton-spread"  # the Triton backend without its thread-per-group layout (an A/B)
-GENERIC = "triton-generic"  # its lane launches without the estimator's own kernel (an A/B)
-# the A/B cells: timed only where the lanes run (n <= 16, on-policy 32, grpo 64), not on small batches
+GENERIC = "triton-generic"  # its launches without the estimator's own kernel (an A/B)
+# the A/B cells at N = 2^24: timed only where the lanes run (n <= 16, on-policy 32, grpo 64)
 LANE_AB = (SPREAD, GENERIC)
 PLAN = "plan:"  # plan:<backend>: the call prepared once (small batch only: the same kernels)
 
@@ -79,12 +80,12 @@ def spread_layout():
 
 
 @contextlib.contextmanager
-def generic_lanes():
-    """Lane launches run the kernel with every estimator (no per-estimator compile), at the same
-    blocks as the estimator's own kernels."""
+def generic_kernel():
+    """Launches run the kernel with every estimator (no per-estimator compile), in the layouts of
+    the estimator's own kernels (lanes up to the same blocks)."""
     from bonkernels.triton import _config
 
-    with _config.specialised_lanes(False), _config.own_kernel_lanes(True):
+    with _config.specialised_kernels(False), _config.own_kernel_lanes(True):
         yield
 
 
@@ -123,7 +124,7 @@ def make_call(backend: str, estimator: str, G: int, n: int, device: str, seed: i
         return (lambda: plan(rewards, deltas)), nbytes
     if backend in LANE_AB:
         kwargs["backend"] = "triton"
-        layout = spread_layout if backend == SPREAD else generic_lanes
+        layout = spread_layout if backend == SPREAD else generic_kernel
 
         def lane_ab_call():
             with layout():
@@ -202,7 +203,9 @@ def small_batch_rows(backends, clock: Clock, device: str, G: int, n: int, calls:
     dst = torch.empty_like(src)
     cells = [("torch", "copy_ (one launch)", lambda: dst.copy_(src))]
     plans = [PLAN + b for b in backends if b not in LANE_AB]
-    for backend in (*[b for b in backends if b != GENERIC], *plans):  # (G = 1024: no lanes)
+    # (G = 1024 takes no lanes: triton-spread is triton there, and triton-generic the A/B of the
+    # spread layout's kernel compiled per estimator)
+    for backend in (*[b for b in backends if b != SPREAD], *plans):
         for est in ESTIMATORS:
             cells.append((backend, est, make_call(backend, est, G, n, device)[0]))
     for backend, est, call in cells:

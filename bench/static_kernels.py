@@ -706,8 +706,7 @@ def _loops_text(loops) -> str:
 def compile_triton(dtype: str, block: int, code: int | None = None):
     """aot.compile_one's compile for sm_90; with ``code``, the estimator's facts and whether it
     reads a bank (as a single-k call on [G, n] rewards does) are made compile-time constants: the
-    kernel a lane launch of that call builds (at larger blocks a static-analysis specialisation
-    the launcher never builds)."""
+    kernel a GPU launch of that call builds, in the layout of a batch that fills the GPU."""
     from bonkernels import estimators, tables
     from bonkernels.triton import _config, _sources, aot
 

@@ -67,17 +67,30 @@ def test_spread_layout_switches_the_triton_launch_and_restores_it():
     assert _config.config_for_block(top, False, own_kernel=_config.takes_own_kernel_lanes(True, torch.float32)).lanes
 
 
-def test_generic_lanes_take_the_blocks_of_the_estimators_own_kernels():
-    """The A/B cell triton-generic: the kernel with every estimator in the lanes the estimator's
-    own kernel would run (block 32 on-policy included), so the two differ by the kernel alone."""
+def test_generic_kernel_takes_the_blocks_of_the_estimators_own_kernels():
+    """The A/B cell triton-generic: the kernel with every estimator in the layouts the estimator's
+    own kernel would take (lanes at block 32 on-policy included), so the two differ by the kernel
+    alone."""
     from bonkernels.triton import _config
 
-    with gl.generic_lanes():
-        assert not _config.SPECIALISED_LANES
+    with gl.generic_kernel():
+        assert not _config.SPECIALISED_KERNELS
         own = _config.takes_own_kernel_lanes(False, torch.float32)
         assert _config.config_for_block(_config.OWN_KERNEL_LANE_MAX_BLOCK, False, own_kernel=own).lanes
-    assert _config.SPECIALISED_LANES and _config.OWN_KERNEL_LANES is None
+    assert _config.SPECIALISED_KERNELS and _config.OWN_KERNEL_LANES is None
     assert gl._lane_max_block("maxk_offpolicy") == _config.LANE_MAX_BLOCK
     assert gl._lane_max_block("maxk_loo1") == _config.OWN_KERNEL_LANE_MAX_BLOCK
     assert gl._lane_max_block("grpo") == _config.CENTRED_LANE_MAX_BLOCK  # a centred estimator
     assert gl._generic_lane_max_block() == _config.OWN_KERNEL_LANE_MAX_BLOCK
+
+
+def test_small_batch_times_the_generic_kernel_beside_triton(monkeypatch):
+    """At G = 1024 a Triton launch spreads each group over threads: triton-spread would time
+    triton again, and triton-generic is the A/B of the spread kernel compiled per estimator."""
+    made = []
+    monkeypatch.setattr(gl, "make_call", lambda backend, est, G, n, device: (made.append(backend) or (lambda: None), 0))
+    rows = gl.small_batch_rows(("cuda", "triton", gl.SPREAD, gl.GENERIC), gl.Clock("cpu"), "cpu", 4, 16, 1,
+                               lambda line: None)
+    timed = {r["backend"] for r in rows}
+    assert timed == {"torch", "cuda", "triton", gl.GENERIC, "plan:cuda", "plan:triton"}
+    assert set(made) == timed - {"torch"}

@@ -233,21 +233,18 @@ def test_direct_launch_passes_what_tritons_launch_passes():
             assert arg is want if isinstance(want, torch.Tensor) else arg == want, (name, key)
 
 
-def test_lane_launches_run_their_estimators_kernel():
-    """On a GPU, lane launches, on- and off-policy, take the kernel compiled for their
-    estimator; the spread layout, launches with an int64 count of groups and launches with the
-    switch off take the kernel with every estimator."""
-    from bonkernels.triton.advantages import _compiled_kernel_fits, runs_specialised
+def test_gpu_launches_run_their_estimators_kernel():
+    """On a GPU every launch, in either layout, takes the kernel compiled for its estimator;
+    launches traced by torch.compile, launches with an int64 count of groups, launches on the CPU
+    (the interpreter) and launches with the switch off take the kernel with every estimator."""
+    from bonkernels.triton.advantages import _compiled_kernel_fits, runs_own_kernel
 
-    for block in (8, 16):
-        for deltas in (False, True):
-            lanes = _config.config_for_block(block, deltas, True)
-            assert runs_specialised(lanes)
-            assert not runs_specialised(_config.config_for_block(block, deltas, False))
-            with _config.specialised_lanes(False):
-                assert not runs_specialised(lanes)
-            assert runs_specialised(lanes)
-    assert not runs_specialised(_config.config_for_block(64, False, True))
+    assert runs_own_kernel(True, 10) and runs_own_kernel(True, 2**31 - 1)
+    assert not runs_own_kernel(True, 10, traced=True)
+    assert not runs_own_kernel(True, 2**31) and not runs_own_kernel(False, 10)
+    with _config.specialised_kernels(False):
+        assert not runs_own_kernel(True, 10)
+    assert runs_own_kernel(True, 10)
     assert _compiled_kernel_fits(True, 2**31 - 1) and not _compiled_kernel_fits(True, 2**31)
     assert not _compiled_kernel_fits(False, 10)
 
@@ -256,12 +253,10 @@ def test_own_kernel_lanes_reach_block_32_on_policy_for_narrow_rewards():
     """A launch that runs its estimator's own kernel takes a thread per group up to
     OWN_KERNEL_LANE_MAX_BLOCK, on-policy and for 16- and 32-bit rewards only; the others stop at
     LANE_MAX_BLOCK. `own_kernel_lanes` forces the choice either way (tests, the GPU check)."""
-    from bonkernels.triton.advantages import runs_specialised
-
     top = _config.OWN_KERNEL_LANE_MAX_BLOCK
     assert top == 2 * _config.LANE_MAX_BLOCK
     own = _config.config_for_block(top, False, True, own_kernel=True)
-    assert own.lanes and not own.deltas and own.groups == 32 and runs_specialised(own)
+    assert own.lanes and not own.deltas and own.groups == 32
     assert not _config.config_for_block(top, False, True).lanes  # the kernel with every estimator
     assert not _config.config_for_block(top, True, True, own_kernel=True).lanes  # off-policy
     assert not _config.config_for_block(top, False, False, own_kernel=True).lanes  # a small batch
@@ -303,33 +298,36 @@ def test_only_launches_that_run_their_own_kernel_take_lanes_at_block_32(monkeypa
         assert lanes(torch.rand(64)) and lanes(torch.rand(64).bfloat16())
         assert not lanes(torch.rand(64), traced=True)
         assert not lanes(torch.rand(64, dtype=torch.float64))
-        with _config.specialised_lanes(False):
+        with _config.specialised_kernels(False):
             assert not lanes(torch.rand(64))
         with _config.own_kernel_lanes(False):
             assert not lanes(torch.rand(64))
 
 
-def test_specialised_lane_kernels_take_the_launch_arguments():
+def test_specialised_kernels_take_the_launch_arguments():
     """The estimator's kernel is launched with the generic kernel's arguments (its launcher skips
     constexprs): the compiled constants sit at the kernel's estimator arguments, and equal what the
-    call passes there, for every estimator and bank mode."""
+    call passes there, for every estimator and bank mode, in both layouts."""
     from bonkernels.triton import _facts, _sources, aot
     from bonkernels.triton.advantages import PreparedLaunch, advantages_kernel, estimator_for_launch
 
     values = torch.rand(40)
     offsets = torch.tensor([0, 16, 30, 40])
     bank, bank_index = torch.zeros(30, dtype=torch.float64), torch.zeros(17, dtype=torch.int64)
-    specs = aot.estimator_specialisations()
-    assert {s.constants.code for s in specs} == {e.code for e in _facts.kernel_estimators()}
-    for spec in specs:
+    lane_specs, spread_specs = aot.estimator_specialisations(), aot.estimator_specialisations(lanes=False)
+    for specs in (lane_specs, spread_specs):
+        assert {s.constants.code for s in specs} == {e.code for e in _facts.kernel_estimators()}
+    assert {s.config.block for s in spread_specs} == set(_config.all_blocks())
+    for spec in lane_specs + spread_specs:
         est = estimators.BY_CODE[spec.constants.code]
         with_bank = bool(spec.constants.has_bank)
         deltas = values * 0.1 if est.needs_deltas else None
         launch = PreparedLaunch(estimator_for_launch(est.code, deltas, bank if with_bank else None), 3, None,
                                 -math.inf, 1.5, True, 2, 1e-4, spec.config.block, with_bank)
         assert launch.constants == spec.constants
-        # (on a GPU a launch that runs its own kernel takes lanes up to OWN_KERNEL_LANE_MAX_BLOCK)
-        with _config.lane_threshold(1), _config.own_kernel_lanes(True):
+        # (on a GPU a launch that runs its own kernel takes lanes up to OWN_KERNEL_LANE_MAX_BLOCK;
+        # a batch below the threshold spreads its groups)
+        with _config.lane_threshold(1 if spec.config.lanes else 2**40), _config.own_kernel_lanes(True):
             config, _, args = launch.arguments(values, offsets, deltas, torch.empty_like(values),
                                                bank if with_bank else None, bank_index if with_bank else None)
         assert config == spec.config
@@ -397,6 +395,37 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
         else:
             assert stored < generic_stored and registers <= generic_registers, line
             assert loaded <= OWN_KERNEL_SPILL_PER_SAMPLE * spec.config.block, line
+
+
+SPREAD_PROBE = """
+from bonkernels.triton import _config, _facts, aot
+picked = {("maxk_loo1", 1), ("maxk_offpolicy", 1), ("maxk_loo", 0), ("grpo", 0)}
+for block in (32, 1024):
+    generic = aot.compile_one(aot.Specialisation("fp32", _config.config_for_block(block, True, False)), 90)
+    for spec in aot.estimator_specialisations(lanes=False):
+        name = _facts.by_code(spec.constants.code).name
+        if spec.config.block == block and (name, spec.constants.has_bank) in picked:
+            print(spec.describe(), "|", aot.resource_usage(aot.compile_one(spec, 90).asm["ptx"], 90), "|",
+                  aot.resource_usage(generic.asm["ptx"], 90))
+"""
+
+
+def test_spread_kernels_per_estimator_fit_without_a_spill():
+    """A small batch spreads each group over threads; on a GPU its launch runs the kernel compiled
+    for its estimator too. Sampled at blocks 32 and 1024 (sm_90, float32), for estimators with
+    rank tables, deltas, leave-one-out tables and none: no spill, and no more registers than the
+    kernel with every estimator (which takes 128 and spills at 1024)."""
+    import re
+
+    result = _run(["-c", SPREAD_PROBE], {}, 900)
+    assert result.returncode == 0, _tail(result)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 8, result.stdout
+    for line in lines:
+        usage = [re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", part) for part in line.split("|")[1:]]
+        assert len(usage) == 2 and all(usage), line
+        (registers, stored, loaded), (generic_registers, _, _) = [tuple(int(g) for g in m.groups()) for m in usage]
+        assert stored == loaded == 0 and registers <= generic_registers, line
 
 
 def test_only_a_loaded_kernel_of_the_launch_shape_is_kept():

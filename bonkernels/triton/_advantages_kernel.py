@@ -8,7 +8,9 @@ layout derived from it by the launcher), and DELTAS: whether the off-policy bran
 The thread-per-group kernels come in two, with and without it: a thread that holds a whole group
 runs out of registers on the union of every estimator's tiles. The estimator, k, the small-group
 mode, clamping and clipping are runtime scalars, so neither a new estimator nor a new k nor a new
-group size (within a bucket) recompiles.
+group size (within a bucket) recompiles. On a GPU the launcher compiles this kernel once more per
+estimator it runs, with the estimator's facts as constants (_sources.py), which removes the other
+estimators' code; k and the options stay runtime scalars.
 
 Two layouts of the [GROUPS, BLOCK] tile, the same code: for small blocks (LANES) each thread holds
 one whole group, so every sort, scan and reduction along a group runs in that thread's registers

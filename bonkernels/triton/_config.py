@@ -41,10 +41,11 @@ LANE_WARPS = 1  # warps per program in lane mode: 32 groups each, so G = 1024 fi
 # an H200 at n = 16 (kernel time, maxk_loo1): spread 4.0 / 4.2 us against lanes 5.7 / 5.8 us at
 # G = 1,024 / 4,096; lanes 8.5 against 9.1 us at 16,384 and 2x faster from 65,536.
 LANE_MIN_GROUPS = 8192
-# A lane launch on a GPU runs the kernel compiled for its estimator (_sources.py): the
-# same arithmetic in far fewer registers. Off (`specialised_lanes(False)`): the kernel with every
-# estimator, which the spread layout and torch.compile's traced launches always take.
-SPECIALISED_LANES = True
+# A launch on a GPU runs the kernel compiled for its estimator (_sources.py): the same arithmetic
+# with every other estimator's code folded away, in far fewer registers in either layout. Off
+# (`specialised_kernels(False)`): the kernel with every estimator, which torch.compile's traced
+# launches always take.
+SPECIALISED_KERNELS = True
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
                       torch.float64: "fp64"}
@@ -140,15 +141,15 @@ def own_kernel_lanes(enabled):
 
 
 @contextlib.contextmanager
-def specialised_lanes(enabled: bool):
-    """Lane launches in this context run the estimator's own kernel (True) or the kernel with
+def specialised_kernels(enabled: bool):
+    """GPU launches in this context run the estimator's own kernel (True) or the kernel with
     every estimator (False; the GPU check compares the two bit for bit)."""
-    global SPECIALISED_LANES
-    saved, SPECIALISED_LANES = SPECIALISED_LANES, bool(enabled)
+    global SPECIALISED_KERNELS
+    saved, SPECIALISED_KERNELS = SPECIALISED_KERNELS, bool(enabled)
     try:
         yield
     finally:
-        SPECIALISED_LANES = saved
+        SPECIALISED_KERNELS = saved
 
 
 @functools.lru_cache(maxsize=None)

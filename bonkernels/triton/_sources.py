@@ -1,31 +1,34 @@
 """What the compiler is given for one kernel specialisation: the argument types, the constexprs,
-and for the thread-per-group layout the estimator's own constants.
+and for a launch on a GPU the estimator's own constants.
 
 Shared by the ahead-of-time compile check (aot.py), the launcher (advantages.py) and the static
 report (bench/static_kernels.py), so all three build exactly the same kernels.
 
-Specialised lane kernels. A thread that holds a whole group keeps every tile of every estimator
-the kernel implements in its registers, although one call runs one estimator: 236 registers at
-BLOCK = 16 for the on-policy kernel, so 8 warps per SM and a latency-bound kernel. Compiled with
-the estimator's facts as constants (its code, k rule, natural scale, whether it sorts and whether
-the call reads a bank), the other estimators' code folds away: at float32 and BLOCK = 16,
-maxk_loo1 from a bank needs 165 registers, grpo 113, maxrl 85 (`python -m bonkernels.triton.aot
---estimators` lists them all). That leaves room for one block more: these launches keep a thread
-per group at BLOCK = 32 (16- and 32-bit rewards, _config.OWN_KERNEL_LANE_MAX_BLOCK), where the
-kernel with every estimator spills about 2 KB a thread; some estimators' own kernels spill there too
-(maxk_loo up to 376 bytes loaded), and test_triton.py bounds it. The centred estimators' own
-kernels (grpo, rloo, dr_grpo, maxrl), which neither sort nor build tables, keep a thread per
-group at BLOCK = 64 as well (_config.CENTRED_LANE_MAX_BLOCK), without a spill. The source is the
-same kernel and the constants only remove branches, so the arithmetic is the same (the GPU check
-compares the two kernels bit for bit, in the same layout, up to BLOCK = 32; the kernel with every
-estimator never takes lanes at 64, so there the check compares the own kernel with the float64
-reference only); a launch compiles the
-specialisation it needs on first use (about a second) and keeps it. The spread layout (larger
-blocks, small batches) keeps its one kernel per block and dtype: its tiles are spread over many
-threads and do not crowd registers.
-Off-policy lane launches (maxk_offpolicy, up to BLOCK = 16) run their estimator's kernel too:
-at BLOCK = 16 it fits without a spill, where the kernel with every estimator spills 76/144 bytes
-stored/loaded.
+Kernels compiled per estimator. The kernel with every estimator keeps every estimator's tiles and
+branches, although one call runs one estimator. Compiled with the estimator's facts as constants
+(its code, k rule, natural scale, whether it sorts and whether the call reads a bank), the other
+estimators' code folds away. The source is the same kernel and the constants only remove branches,
+so the arithmetic is the same: the GPU check compares the two kernels bit for bit, in the same
+layout. A launch on a GPU compiles the specialisation it needs on first use (about a second; 3-5 s
+at BLOCK = 4096) and keeps it (`python -m bonkernels.triton.aot --estimators` compiles them all).
+
+* A thread per group (LANES) holds its whole group in registers: 248 registers at BLOCK = 16 for
+  the on-policy kernel with every estimator, against 154 for maxk_loo1 from a bank and 82 for
+  grpo (sm_90, float32). That leaves room for one block more: on-policy launches keep a thread
+  per group at BLOCK = 32 (16- and 32-bit rewards, _config.OWN_KERNEL_LANE_MAX_BLOCK), where the
+  kernel with every estimator spills about 2 KB a thread; some estimators' own kernels spill there
+  too (maxk_loo up to 376 bytes loaded), and test_triton.py bounds it. The centred estimators' own
+  kernels (grpo, rloo, dr_grpo, maxrl), which neither sort nor build tables, keep a thread per
+  group at BLOCK = 64 as well (_config.CENTRED_LANE_MAX_BLOCK), without a spill. Off-policy lane
+  launches (maxk_offpolicy, up to BLOCK = 16) fit without a spill at 16, where the kernel with
+  every estimator spills 76/144 bytes stored/loaded. The kernel with every estimator never takes
+  lanes above 32, so the GPU check compares the centred kernels at 64 with float64 only.
+* A group spread over threads (small batches, larger blocks): the kernel with every estimator
+  takes 128 registers and spills at BLOCK = 64, 128 and 1024 (4/4, 12/12 and 20/36 bytes), where
+  every estimator's own kernel fits without a spill up to BLOCK = 1024, in 32-128 registers
+  (sm_90, float32). At 2048 and 4096 a program has 1024 threads, so at most 64 registers a
+  thread: the kernel with every estimator spills 52/84 and 372/828 bytes there, the estimators'
+  own kernels none to 28/36 and none to 208/360 (maxk_offpolicy the most).
 """
 
 from __future__ import annotations
@@ -36,13 +39,8 @@ from typing import Optional
 from . import _config, _facts
 
 # The kernel's arguments that are facts of the estimator (and of the call's bank mode) rather than
-# of the batch, in signature order: constants of a specialised lane kernel.
+# of the batch, in signature order: constants of a kernel compiled for its estimator.
 ESTIMATOR_ARGUMENTS = ("code", "k_margin", "uses_k", "natural_mean", "has_bank", "sorts")
-
-
-def specialised_per_estimator(config: _config.LaunchConfig) -> bool:
-    """Whether launches of this configuration run a kernel compiled for their estimator."""
-    return config.lanes
 
 
 @dataclass(frozen=True)
@@ -93,8 +91,8 @@ def signature(dtype_name: str, constants: Optional[EstimatorConstants] = None) -
 def source(dtype_name: str, config: _config.LaunchConfig,
            constants: Optional[EstimatorConstants] = None):
     """The ASTSource of one specialisation (no attributes: the kernel does not specialise on
-    pointer alignment or integer values). The launcher passes `constants` for lane launches only;
-    the static report also builds them at larger blocks."""
+    pointer alignment or integer values). The launcher passes `constants` for its launches on a
+    GPU; without them, the kernel with every estimator."""
     from triton.compiler import ASTSource
 
     from ._advantages_kernel import advantages_kernel

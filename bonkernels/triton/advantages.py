@@ -80,9 +80,9 @@ class PreparedLaunch:
     every global constant of the kernel on each call: tens of microseconds, several times the
     kernel of a small batch. Every integer argument of the kernel is unspecialised and no pointer
     is specialised on alignment, so for one estimator, dtype and launch configuration the compiled
-    kernel is always the same and can be kept after its first launch. A lane launch takes, from
-    its first call, the kernel compiled for its estimator (`specialised_lane_kernel`), with the
-    same arguments."""
+    kernel is always the same and can be kept after its first launch. A launch takes, from its
+    first call, the kernel compiled for its estimator (`specialised_kernel`), with the same
+    arguments."""
 
     def __init__(self, est, k, clamp_delta, clip_lo, clip_hi, mean_scale, small_groups, eps, block,
                  has_bank):
@@ -98,7 +98,7 @@ class PreparedLaunch:
         # (CUDA device index, launch configuration, specialised) -> the compiled kernel
         self._compiled = {}
         self.direct_launches = 0  # (the GPU check asks whether launches went direct
-        self.specialised_launches = 0  # and whether lane launches ran their estimator's kernel)
+        self.specialised_launches = 0  # and whether launches ran their estimator's kernel)
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
@@ -117,8 +117,7 @@ class PreparedLaunch:
         """(launch configuration, grid, positional arguments) for these tensors; `traced`: for
         torch.compile's launch, which runs the kernel with every estimator."""
         num_groups = offsets.numel() - 1
-        own_kernel = (not traced and _compiled_kernel_fits(values.is_cuda, num_groups)
-                      and _config.SPECIALISED_LANES)
+        own_kernel = runs_own_kernel(values.is_cuda, num_groups, traced)
         config = _config.config_for(self.block, self.est.needs_deltas, num_groups,
                                     _config.takes_own_kernel_lanes(own_kernel, values.dtype),
                                     _config.is_centred(self.est))
@@ -132,15 +131,16 @@ class PreparedLaunch:
         return config, (triton.cdiv(num_groups, config.groups),), args
 
     def launch(self, config, grid, args, values):
-        """Launch on the values' device and its current stream: a lane launch on a GPU
-        runs the kernel compiled for its estimator (_sources.py), any other launch Triton's own
-        until its kernel is compiled there, then that kernel directly."""
+        """Launch on the values' device and its current stream: on a GPU the kernel compiled for
+        the estimator (_sources.py); with `_config.specialised_kernels(False)`, Triton's own
+        launch until its kernel is compiled there, then that kernel directly. Either goes through
+        Triton's runner when a profiler's launch hooks are set."""
         fits = _compiled_kernel_fits(values.is_cuda, args[6])
-        specialised = fits and runs_specialised(config)
+        specialised = runs_own_kernel(values.is_cuda, args[6])
         key = (values.device.index, config, specialised)
         compiled = self._compiled.get(key) if fits else None
         if specialised and compiled is None:
-            compiled = self._compiled[key] = specialised_lane_kernel(
+            compiled = self._compiled[key] = specialised_kernel(
                 key[0], _config.TRITON_DTYPE_NAMES[values.dtype], config, self.constants)
         hooks = _launch_hooks_set()
         if compiled is None or (hooks and not specialised):
@@ -169,16 +169,18 @@ def _compiled_kernel_fits(on_gpu: bool, num_groups: int) -> bool:
     return on_gpu and num_groups < 2**31
 
 
-def runs_specialised(config: _config.LaunchConfig) -> bool:
-    """Whether a GPU launch of this configuration runs the kernel compiled for its estimator."""
-    return _sources.specialised_per_estimator(config) and _config.SPECIALISED_LANES
+def runs_own_kernel(on_gpu: bool, num_groups: int, traced: bool = False) -> bool:
+    """Whether a launch runs the kernel compiled for its estimator (which also picks its layout,
+    `arguments`): on a GPU within int32 groups, not traced by torch.compile, with
+    `_config.specialised_kernels` on."""
+    return not traced and _compiled_kernel_fits(on_gpu, num_groups) and _config.SPECIALISED_KERNELS
 
 
 @functools.lru_cache(maxsize=None)
-def specialised_lane_kernel(device_index: int, dtype_name: str, config: _config.LaunchConfig,
-                            constants: _sources.EstimatorConstants):
-    """The lane kernel compiled for one estimator on a device, loaded there (kept for the
-    process: a training run launches one or two)."""
+def specialised_kernel(device_index: int, dtype_name: str, config: _config.LaunchConfig,
+                       constants: _sources.EstimatorConstants):
+    """The kernel of a launch configuration compiled for one estimator on a device, loaded there
+    (kept for the process: a training run launches a few)."""
     with torch.cuda.device(device_index):
         target = triton.runtime.driver.active.get_current_target()
         compiled = _sources.compile_for(dtype_name, config, target, constants)

@@ -7,11 +7,11 @@ CI compiles each specialisation for real GPU targets:
 
 A specialisation is (values dtype, BLOCK, and for the thread-per-group blocks whether the
 off-policy branch is in): the estimator, k and every option are runtime arguments, and BLOCK fixes
-the groups per program and the layout (see _config.py). A launch of the thread-per-group layout
-on a GPU compiles its kernel with the estimator's facts as constants (_sources.py; on-policy
-estimators): one per estimator, bank mode, dtype and block, too many to compile them all here, so
-`--estimators` compiles every estimator's in both bank modes at one dtype (fp32) and every lane
-block.
+the groups per program and the layout (see _config.py). A launch on a GPU compiles its kernel with
+the estimator's facts as constants (_sources.py): one per estimator, bank mode, dtype, block and
+layout, too many to compile them all in CI, so `--estimators` compiles every estimator's in each
+bank mode, at one dtype (fp32 unless --dtype says otherwise), every block and both layouts (it
+also fills Triton's cache for the launches of a GPU session).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from . import _config, _facts, _sources
 class Specialisation:
     dtype_name: str  # triton name of the values/deltas/output dtype: fp16, bf16, fp32, fp64
     config: _config.LaunchConfig
-    constants: Optional[_sources.EstimatorConstants] = None  # a lane kernel's estimator
+    constants: Optional[_sources.EstimatorConstants] = None  # the estimator compiled in, if any
 
     def describe(self) -> str:
         c = self.config
@@ -49,16 +49,18 @@ def specialisations() -> list[Specialisation]:
             for dtype in _config.VALUE_DTYPES for config in _config.all_configs()]
 
 
-def estimator_specialisations(dtype_name: str = "fp32") -> list[Specialisation]:
-    """The lane kernel of every estimator whose lane launches are specialised, in each bank mode
-    it can be launched with, at every lane block and one dtype."""
+def estimator_specialisations(dtype_name: str = "fp32", lanes: bool = True) -> list[Specialisation]:
+    """The kernel of every estimator, in each bank mode it can be launched with, at one dtype and
+    every block: with `lanes`, the launches of a batch that fills the GPU (a thread per group up
+    to the estimator's lane block, _config.estimator_lanes_up_to); without, those of a small
+    batch (a group spread over threads at every block)."""
     specs = []
     for block in _config.all_blocks():
         for est in _facts.kernel_estimators():
-            config = _config.config_for_block(block, est.needs_deltas, True, own_kernel=True,
+            config = _config.config_for_block(block, est.needs_deltas, lanes, own_kernel=True,
                                               centred=_config.is_centred(est))
-            if not _sources.specialised_per_estimator(config):
-                continue
+            if config.lanes != lanes:
+                continue  # above the lane blocks: the spread kernels of the small batches
             for has_bank in (False, True) if _facts.linear_in_tables(est) else (False,):
                 specs.append(Specialisation(dtype_name, config, _sources.constants_of(est, has_bank)))
     return specs
@@ -150,9 +152,14 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, nargs="*", help="only these blocks")
     parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     parser.add_argument("--estimators", action="store_true",
-                        help="the lane kernels specialised per estimator (fp32, lane blocks) instead")
+                        help="the kernels compiled per estimator (both layouts; fp32 unless --dtype) instead")
     args = parser.parse_args(argv)
-    specs = [s for s in (estimator_specialisations() if args.estimators else specialisations())
+    if args.estimators:
+        specs = [spec for dtype in (args.dtype or ["fp32"]) for lanes in (True, False)
+                 for spec in estimator_specialisations(dtype, lanes)]
+    else:
+        specs = specialisations()
+    specs = [s for s in specs
              if (not args.dtype or s.dtype_name in args.dtype)
              and (not args.block or s.config.block in args.block)]
     start = time.perf_counter()
