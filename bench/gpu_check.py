@@ -13,7 +13,9 @@ What runs (each section in a fresh interpreter, so one crashed CUDA context lose
   visible GPU's architecture; a failed build FAILS the check (no silent fallback), and the section
   asserts ``torch.ops.bonkernels.build_info()`` reports that route. ``--route bare-nvcc`` checks the
   bare-nvcc build instead. The bare route is also built into a scratch package and its stream and
-  graph sections run, when time allows (logged either way).
+  graph sections run, when time allows (logged either way). Beside the build, 6 processes compile
+  the Triton kernels the sections will launch (one per estimator, dtype, block and layout: about
+  600, 1-5 s each) into Triton's cache (DIR/triton_cache_fill.txt).
 * kernels: every native estimator through every CUDA kernel variant (group sizes in each bucket:
   <=8, <=16, <=32, <=256, (256, 512], (512, 1024], (1024, 2048], (2048, 4096], launched at each
   bucket's bound and without a hint), float64/float32 (float16/bfloat16 on a subset), both scales,
@@ -48,6 +50,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,6 +61,7 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START = time.monotonic()
 LOG_FILE = None
+TRITON_CACHE_FILL = None  # the process compiling Triton kernels ahead (start_triton_cache_fill)
 
 # Bound of each CUDA kernel shape (csrc/cuda/advantages.cu) and group sizes inside its bucket; the
 # last entries mix small and large groups under one bound (the launcher's two kernels, size buckets).
@@ -73,6 +77,8 @@ QUICK_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 32)), (64, (33, 64)
 # Child processes per Triton section on a GPU (4 triton + 4 adversarial-triton children beside the others;
 # 2 each with --quick or --dry-run)
 TRITON_SHARDS = 4
+# The estimators the triton section also runs at float64, float16 and bfloat16 (all at float32)
+TRITON_EVERY_DTYPE = ("maxk_loo1", "maxk_offpolicy", "grpo", "bon_mean", "maxk_loo")
 SECTIONS = ("kernels", "triton", "adversarial-native", "adversarial-triton", "streams", "graphs", "api",
             "plans", "policy_loss")
 
@@ -442,8 +448,7 @@ def section_triton(ctx):
         reps = max(1, (256 if ctx.quick else 1 << 14) // sum(sizes))
         ragged = [s for _ in range(reps) for s in sizes] + [0]
         for dtype in dtypes:
-            ests = ctx.natives if dtype == torch.float32 else [e for e in ctx.natives if e.name in (
-                "maxk_loo1", "maxk_offpolicy", "grpo", "bon_mean", "maxk_loo")]
+            ests = ctx.natives if dtype == torch.float32 else [e for e in ctx.natives if e.name in TRITON_EVERY_DTYPE]
             if ctx.quick:
                 ests = [e for e in ests if e.name in ("maxk", "maxk_offpolicy", "grpo")]
             for est in ests:
@@ -1177,7 +1182,7 @@ def find_sanitizer() -> str | None:
 
 
 def main() -> int:
-    global LOG_FILE
+    global LOG_FILE, TRITON_CACHE_FILL
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "gpu_check"),
                         help="directory for gpu_check.log and summary.json (default: $OUT or build/gpu_check)")
@@ -1219,6 +1224,8 @@ def main() -> int:
     scratch = tempfile.mkdtemp(prefix="bk_gpu_check_")
     cuda = args.device == "cuda"
     log(f"[gpu_check] device {args.device}; log and summary.json in {args.out}")
+    if cuda:
+        TRITON_CACHE_FILL = start_triton_cache_fill(args.out)
 
     # 1. the build, by the asserted route: a failure fails the check (no silent fallback)
     if not args.no_build:
@@ -1244,6 +1251,7 @@ def main() -> int:
         if unknown:
             log(f"[gpu_check] --only: unknown sections {sorted(unknown)} (known: {', '.join(SECTIONS)}, "
                 "sanitizer, timing)")
+            stop_triton_cache_fill(TRITON_CACHE_FILL)
             return 2
         groups = [(name, [s for s in sections if s in only], env) for name, sections, env in groups]
         groups = [group for group in groups if group[1]]
@@ -1320,7 +1328,49 @@ def main() -> int:
     return finish(args, summary, failed)
 
 
+def triton_cache_fill_commands(arch: int) -> list[list[str]]:
+    """The ahead-of-time compiles of the kernels the Triton sections launch: every estimator's at
+    float32, the TRITON_EVERY_DTYPE ones at the other dtypes, both layouts, every block."""
+    base = [sys.executable, "-m", "bonkernels.triton.aot", "--arch", str(arch), "--estimators", "--jobs", "6"]
+    return [base + ["--dtype", "fp32"], base + ["--dtype", "fp64", "fp16", "bf16", "--only", *TRITON_EVERY_DTYPE]]
+
+
+def start_triton_cache_fill(out_dir: str):
+    """On a GPU a Triton launch compiles its kernel for the call's estimator on first use (1-5 s
+    each, about 600 kernels in the Triton sections): compile them ahead on 6 cores, beside the
+    build, into Triton's on-disk cache, which the sections' launches then read. Returns the
+    process (stop_triton_cache_fill ends it), or None when no GPU arch is known."""
+    import shlex
+
+    try:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+        major, minor = query.stdout.split()[0].split(".")
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        log("[triton cache] no GPU arch from nvidia-smi: the sections compile their own kernels")
+        return None
+    script = " && ".join(shlex.join(cmd) for cmd in triton_cache_fill_commands(int(major) * 10 + int(minor)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with open(os.path.join(out_dir, "triton_cache_fill.txt"), "w") as out:
+        process = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    log(f"[triton cache] filling on 6 cores (sm_{major}{minor}; triton_cache_fill.txt)")
+    return process
+
+
+def stop_triton_cache_fill(process) -> None:
+    if process is None:
+        return
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait()
+        log("[triton cache] stopped before it finished (the sections compiled the rest)")
+    else:
+        log(f"[triton cache] done (exit {process.returncode})")
+
+
 def finish(args, summary, failed) -> int:
+    stop_triton_cache_fill(TRITON_CACHE_FILL)
     total_failed = sum(len(s["failed"]) for s in summary["sections"].values())
     total_passed = sum(s["passed"] for s in summary["sections"].values())
     summary["failures_outside_sections"] = failed

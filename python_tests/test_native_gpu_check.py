@@ -50,3 +50,36 @@ def test_dry_run_passes(dry_run):
     proc, summary, log = dry_run
     failing = {name: s["failed"][:3] for name, s in summary["sections"].items() if s["failed"]}
     assert proc.returncode == 0 and summary["ok"], (failing, summary["failures_outside_sections"])
+
+
+def test_triton_cache_fill_compiles_what_the_triton_section_launches():
+    """On a GPU the check compiles the Triton sections' kernels ahead, beside the build: every
+    estimator's at float32 and TRITON_EVERY_DTYPE's at the other dtypes, both layouts, every
+    block, for the device's arch."""
+    from bench import gpu_check
+    from bonkernels.triton import _config, _facts, aot
+
+    specs = []
+    for command in gpu_check.triton_cache_fill_commands(90):
+        assert command[:3] == [sys.executable, "-m", "bonkernels.triton.aot"]
+        args = aot.parse_args(command[3:])
+        assert args.arch == [90] and args.estimators
+        specs += aot.selected(args)
+    covered = {(_facts.by_code(s.constants.code).name, s.dtype_name, s.config.block, s.config.lanes) for s in specs}
+    wanted = [(e.name, "fp32") for e in _facts.kernel_estimators()]
+    wanted += [(name, dtype) for name in gpu_check.TRITON_EVERY_DTYPE for dtype in ("fp64", "fp16", "bf16")]
+    for name, dtype in wanted:
+        for block in _config.all_blocks():
+            assert (name, dtype, block, False) in covered, (name, dtype, block)
+        assert (name, dtype, 8, True) in covered, (name, dtype)
+    assert len(specs) == len(set(specs))
+
+
+def test_triton_cache_fill_is_stopped_when_the_check_ends():
+    """A fill still running when the check finishes is ended (its whole process group)."""
+    from bench import gpu_check
+
+    process = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60"], start_new_session=True)
+    gpu_check.stop_triton_cache_fill(process)
+    assert process.poll() is not None
+    gpu_check.stop_triton_cache_fill(None)

@@ -5,7 +5,7 @@
 # check/{gpu_check.log,summary.json,stdout.txt} and limits/{REPORT.md,gpu_limits.json,stdout.txt};
 # copy them to bench/results/gpu_<machine>_<date>/ afterwards.
 #
-#     bash scripts/gpu_session.sh [extra gpu_check arguments, e.g. --deadline-s 420 --no-bare-route; the build alone took 110-175 s on one H200, and the Triton sections compile a kernel per estimator, block and dtype, 1-5 s each, which the cache fill below shares out over 6 cores]
+#     bash scripts/gpu_session.sh [extra gpu_check arguments, e.g. --deadline-s 420 --no-bare-route; the build alone took 110-175 s on one H200, and the Triton sections compile a kernel per estimator, block and dtype, 1-5 s each, which gpu_check compiles ahead on 6 cores beside the build]
 #
 # The exit status is gpu_check's (0 only when every check passed); the timings run either way.
 set -u
@@ -14,15 +14,8 @@ PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/check" "$OUT/limits"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv || true
-# A Triton launch on a GPU compiles its kernel for the call's estimator on first use (1-5 s each):
-# fill Triton's cache with the float32 ones meanwhile, on cores the build leaves (bounded; the
-# timings wait for it, so that it does not share the CPU with them)
-timeout 400 "$PY" -m bonkernels.triton.aot --arch 90 --estimators --jobs 6 > "$OUT/check/triton_cache_fill.txt" 2>&1 &
-fill_pid=$!
 "$PY" bench/gpu_check.py --out "$OUT/check" "$@" > "$OUT/check/stdout.txt" 2>&1
 check_rc=$?
-wait "$fill_pid"
-echo "Triton cache fill exit status $? ($(tail -n 1 "$OUT/check/triton_cache_fill.txt"))"
 echo "gpu_check exit status $check_rc"
 # the section table and every failure (the full log is in $OUT/check)
 grep -E '^\[build\]|^\[[a-z-]+\] [0-9]+ passed|^FAIL|^FAILED|^\[done\]' "$OUT/check/stdout.txt" | tail -n 40

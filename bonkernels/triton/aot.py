@@ -52,12 +52,14 @@ def specialisations() -> list[Specialisation]:
 def estimator_specialisations(dtype_name: str = "fp32", lanes: bool = True) -> list[Specialisation]:
     """The kernel of every estimator, in each bank mode it can be launched with, at one dtype and
     every block: with `lanes`, the launches of a batch that fills the GPU (a thread per group up
-    to the estimator's lane block, _config.estimator_lanes_up_to); without, those of a small
+    to the estimator's lane block at that dtype, _config.lanes_up_to); without, those of a small
     batch (a group spread over threads at every block)."""
+    dtype = next(d for d, name in _config.TRITON_DTYPE_NAMES.items() if name == dtype_name)
+    own_kernel_lanes = _config.takes_own_kernel_lanes(True, dtype)  # (not float64's)
     specs = []
     for block in _config.all_blocks():
         for est in _facts.kernel_estimators():
-            config = _config.config_for_block(block, est.needs_deltas, lanes, own_kernel=True,
+            config = _config.config_for_block(block, est.needs_deltas, lanes, own_kernel=own_kernel_lanes,
                                               centred=_config.is_centred(est))
             if config.lanes != lanes:
                 continue  # above the lane blocks: the spread kernels of the small batches
@@ -145,7 +147,7 @@ def _report(results, log) -> list[str]:
     return failures
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90])
     parser.add_argument("--dtype", nargs="*", help="only these dtypes (fp16 bf16 fp32 fp64)")
@@ -153,15 +155,31 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     parser.add_argument("--estimators", action="store_true",
                         help="the kernels compiled per estimator (both layouts; fp32 unless --dtype) instead")
-    args = parser.parse_args(argv)
+    parser.add_argument("--only", nargs="*", metavar="ESTIMATOR",
+                        help="with --estimators: only these estimators' kernels")
+    return parser.parse_args(argv)
+
+
+def selected(args: argparse.Namespace) -> list[Specialisation]:
+    """The specialisations a command line asks for."""
     if args.estimators:
         specs = [spec for dtype in (args.dtype or ["fp32"]) for lanes in (True, False)
                  for spec in estimator_specialisations(dtype, lanes)]
+        if args.only:
+            unknown = set(args.only) - {est.name for est in _facts.kernel_estimators()}
+            if unknown:
+                raise SystemExit(f"--only: not estimators of the Triton kernel: {sorted(unknown)}")
+            specs = [s for s in specs if _facts.by_code(s.constants.code).name in args.only]
     else:
         specs = specialisations()
-    specs = [s for s in specs
-             if (not args.dtype or s.dtype_name in args.dtype)
-             and (not args.block or s.config.block in args.block)]
+    return [s for s in specs
+            if (not args.dtype or s.dtype_name in args.dtype)
+            and (not args.block or s.config.block in args.block)]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    specs = selected(args)
     start = time.perf_counter()
     failures = compile_all(tuple(args.arch), specs, jobs=args.jobs)
     print(f"{len(specs) * len(args.arch) - len(failures)} compiled, {len(failures)} failed, "
