@@ -10,8 +10,8 @@ the Triton backend with its thread-per-group layout turned off (a group spread o
 as every block used before the lanes), timed beside it where the lanes run (n <= 16, n = 32 for
 the on-policy estimators and n = 64 for grpo) as an A/B of the two layouts; ``triton-generic``
 launches the kernel with every estimator instead of the one compiled for the call's estimator, in
-the same layouts (timed in lanes at n <= 16 and n = 32 on-policy, and on the small batch, where a
-group spreads over threads: the A/B of that specialisation). Measured:
+the same layouts (timed at every n, in lanes or spread as triton, except grpo at 64, and on the
+small batch: the A/B of that specialisation). Measured:
 
 * bandwidth, N = 2^24 samples in groups of n in (8, 16, 32, 64, 128, 512, 1024, 4096): the time of one call
   (CUDA events, L2 flushed before each repetition; bench/timing.py), the bytes it must move
@@ -57,7 +57,7 @@ TARGET_KERNEL_US, TARGET_WALL_US = 5.0, 15.0
 
 SPREAD = "triton-spread"  # the Triton backend without its thread-per-group layout (an A/B)
 GENERIC = "triton-generic"  # its launches without the estimator's own kernel (an A/B)
-# the A/B cells at N = 2^24: timed only where the lanes run (n <= 16, on-policy 32, grpo 64)
+# the A/B cells (at N = 2^24, where bandwidth_cell_runs says)
 LANE_AB = (SPREAD, GENERIC)
 PLAN = "plan:"  # plan:<backend>: the call prepared once (small batch only: the same kernels)
 
@@ -98,11 +98,24 @@ def _lane_max_block(estimator: str) -> int:
 
 
 def _generic_lane_max_block() -> int:
-    """The largest block the A/B cell triton-generic times: the kernel with every estimator in
-    lanes, as the estimators' own kernels up to 32 (the centred ones go to 64 in their own only)."""
+    """The largest block at which the A/B cell triton-generic takes lanes: the kernel with every
+    estimator in lanes, as the estimators' own kernels up to 32 (the centred ones go to 64 in
+    their own only)."""
     from bonkernels.triton import _config
 
     return _config.OWN_KERNEL_LANE_MAX_BLOCK
+
+
+def bandwidth_cell_runs(backend: str, estimator: str, n: int) -> bool:
+    """Whether the bandwidth table times an A/B cell: triton-spread only where triton takes lanes
+    (elsewhere it is triton's own launch); triton-generic everywhere but in (the kernel with every
+    estimator's last lane block, the estimator's own], where it would take lanes that no launch
+    takes."""
+    if backend == SPREAD:
+        return n <= _lane_max_block(estimator)
+    if backend == GENERIC:
+        return not _generic_lane_max_block() < n <= _lane_max_block(estimator)
+    return True
 
 
 def make_call(backend: str, estimator: str, G: int, n: int, device: str, seed: int = 0):
@@ -164,10 +177,8 @@ def bandwidth_rows(backends, clock: Clock, device: str, n_samples: int, ns, log)
         del src, dst
         for backend in backends:
             for est in ESTIMATORS:
-                if backend in LANE_AB and n > _lane_max_block(est):
-                    continue  # the same kernel as triton's there
-                if backend == GENERIC and n > _generic_lane_max_block():
-                    continue  # (a launch never runs the kernel with every estimator in lanes there)
+                if not bandwidth_cell_runs(backend, est, n):
+                    continue
                 call, nbytes = make_call(backend, est, G, n, device)
                 try:
                     s = clock.seconds(call)

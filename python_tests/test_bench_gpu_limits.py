@@ -94,3 +94,16 @@ def test_small_batch_times_the_generic_kernel_beside_triton(monkeypatch):
     timed = {r["backend"] for r in rows}
     assert timed == {"torch", "cuda", "triton", gl.GENERIC, "plan:cuda", "plan:triton"}
     assert set(made) == timed - {"torch"}
+
+
+def test_generic_cells_time_both_layouts_but_lanes_no_launch_takes():
+    """triton-generic is timed wherever triton runs its own kernel, in lanes or spread, except
+    grpo at 64, where the kernel with every estimator would take lanes no launch takes;
+    triton-spread only where triton takes lanes."""
+    runs = gl.bandwidth_cell_runs
+    for n in gl.NS:
+        assert runs("triton", "maxk_loo1", n) and runs("cuda", "grpo", n)
+        assert runs(gl.GENERIC, "maxk_loo1", n) and runs(gl.GENERIC, "maxk_offpolicy", n)
+        assert runs(gl.GENERIC, "grpo", n) == (n != 64)
+        assert runs(gl.SPREAD, "maxk_offpolicy", n) == (n <= 16)
+        assert runs(gl.SPREAD, "grpo", n) == (n <= 64)
