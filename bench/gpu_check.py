@@ -416,7 +416,7 @@ def section_kernels(ctx):
 def triton_layouts(which, block, est):
     """(label suffix, context) per Triton layout a launch of this block can take: blocks up to 16
     (32 for an on-policy launch running its estimator's own kernel on 16- or 32-bit rewards, 64
-    for grpo, rloo, dr_grpo and maxrl: _config.CENTRED) run a thread per group only from
+    for the registry's centred estimators: grpo, rloo, dr_grpo and maxrl) run a thread per group only from
     _config.LANE_MIN_GROUPS groups up, more than a check's batch, so the lanes get a pass of
     their own with the threshold lowered."""
     import contextlib

@@ -714,7 +714,7 @@ def compile_triton(dtype: str, block: int, code: int | None = None):
         cfg = _config.config_for_block(block, True)
         return cfg, aot.compile_one(aot.Specialisation(dtype, cfg), 90)
     est = estimators.BY_CODE[code]
-    cfg = _config.config_for_block(block, est.needs_deltas, own_kernel=True, centred=_config.is_centred(est))
+    cfg = _config.config_for_block(block, est.needs_deltas, own_kernel=True, centred=est.centred)
     # the path of a single-k call on [G, n] rewards: one k's bank where the estimator takes one
     constants = _sources.constants_of(est, est.name in tables.BANK_ESTIMATORS)
     return cfg, aot.compile_one(aot.Specialisation(dtype, cfg, constants), 90)

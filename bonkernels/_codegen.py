@@ -7,8 +7,9 @@ generates, so the registry stays the only list of estimators:
     python -m bonkernels._codegen           # rewrite the header
     python -m bonkernels._codegen --check   # exit 1 if the checked-in header is stale
 
-The predicates are switch statements, not tables indexed at run time, so they compile to a few
-compares on the GPU and need no device memory. Every fact comes from :func:`facts`.
+The predicates are constexpr switch statements, not tables indexed at run time, so they compile to
+a few compares on the GPU, need no device memory, and fold where the code is a compile-time
+constant (the CUDA kernels' copies per estimator). Every fact comes from :func:`facts`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def facts(est: estimators.Estimator) -> dict:
         "k_margin": est.k_margin,
         "needs_deltas": est.needs_deltas,
         "order_free": est.order_free,
+        "centred": est.centred,
         "linear_in_tables": est.linear_in_tables,
         "native_supports": implemented_natively(est),
     }
@@ -54,6 +56,7 @@ _DOCS = {
     "k_margin": "The largest valid k is n - k_margin(code)",
     "needs_deltas": "The estimator reads the per-sample deltas (off-policy)",
     "order_free": "Only group reductions and the sample's own value: the kernels skip the sort",
+    "centred": "Order-free from the group's mean (and spread) alone: the kernels' centred set and packs",
     "linear_in_tables": "Linear in the weight tables d, o, q: a mixture over k reads the call's bank (spec 12)",
     "native_supports": "The native kernels implement the estimator (else reference-only)",
 }
@@ -65,14 +68,14 @@ def _predicate(name: str, entries) -> list[str]:
     lines = [f"// {_DOCS[name]}"]
     if kind is bool:
         cases = [e for e, v in values if v]
-        lines.append(f"BK_HD bool {name}(int code) {{")
+        lines.append(f"BK_HD constexpr bool {name}(int code) {{")
         lines.append("  switch (code) {")
         lines += [f"    case {e.name.upper()}:" for e in cases]
         if cases:
             lines.append("      return true;")
         lines += ["    default:", "      return false;", "  }", "}"]
     else:
-        lines.append(f"BK_HD int {name}(int code) {{")
+        lines.append(f"BK_HD constexpr int {name}(int code) {{")
         lines.append("  switch (code) {")
         for v in sorted({v for _, v in values if v != 0}):
             lines += [f"    case {e.name.upper()}:" for e, w in values if w == v]
@@ -97,7 +100,7 @@ def render() -> str:
     out += ["};", "", "// One past the largest code.", f"constexpr int NUM_CODES = {entries[-1].code + 1};", ""]
     out += ["// Relative std below which bon_mean's s_i count as constant (estimators.ZSCORE_CONSTANT_RTOL).",
             f"constexpr double kZscoreConstantRtol = {estimators.ZSCORE_CONSTANT_RTOL!r};", ""]
-    out += ["// An estimator of the registry has this code.", "BK_HD bool known_code(int code) {", "  switch (code) {"]
+    out += ["// An estimator of the registry has this code.", "BK_HD constexpr bool known_code(int code) {", "  switch (code) {"]
     out += [f"    case {e.name.upper()}:" for e in entries]
     out += ["      return true;", "    default:", "      return false;", "  }", "}", ""]
     for name in _DOCS:

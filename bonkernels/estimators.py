@@ -26,6 +26,9 @@ Fields of :class:`Estimator`:
 * ``unbiased``: the spec calls the estimator unbiased for grad max@k (pass@k for binary rewards).
 * ``order_free``: the formula uses only group reductions and the sample's own value, so the
   kernels skip the sort.
+* ``centred``: order-free, and the reductions are the group's mean (and spread) alone: no
+  maximum, no sort, no tables. The kernels give these estimators their own, lighter code paths
+  (the native kernels' centred set and vector packs, the Triton kernel's widest lanes).
 * ``linear_in_tables``: the weights are linear in the weight tables d, o, q, so a mixture over
   k (``k_weights``) is exact for the estimator (spec 12).
 * ``backends``: the backends that implement the estimator (the reference, ``"torch"``, implements
@@ -56,6 +59,7 @@ class Estimator:
     non_negative: bool = False
     unbiased: bool = False
     order_free: bool = False
+    centred: bool = False
     linear_in_tables: bool = False
     backends: Tuple[str, ...] = ALL_BACKENDS
     spec: str = ""
@@ -100,13 +104,13 @@ _ENTRIES = (
               summary="Chow et al. BoN-RLB, two-sided, clipped"),
     Estimator("bon_rlb_pos", 13, "mean", binary=True, spec="4",
               summary="Chow et al. BoN-RLB(P), positive samples only"),
-    Estimator("grpo", 14, "mean", uses_k=False, order_free=True, spec="13.1",
+    Estimator("grpo", 14, "mean", uses_k=False, order_free=True, centred=True, spec="13.1",
               summary="(g_i - mean) / (sample std + eps)"),
-    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, unbiased=True, spec="13.2",
+    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, centred=True, unbiased=True, spec="13.2",
               summary="g_i - mean of the others"),
-    Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, spec="13.3",
+    Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, centred=True, spec="13.3",
               summary="g_i - group mean"),
-    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, non_negative=True, spec="12.2",
+    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, centred=True, non_negative=True, spec="12.2",
               summary="MaxRL: (r_i - mean) / mean, 0 when the mean is 0"),
 )
 
@@ -148,6 +152,7 @@ def _check_registry() -> None:
         assert e.k_margin in (0, 1) and (e.uses_k or e.k_margin == 0), e.name
         assert "torch" in e.backends and set(e.backends) <= set(ALL_BACKENDS), e.name
         assert not (e.linear_in_tables and not e.uses_k), e.name
+        assert not e.centred or (e.order_free and not e.uses_k and not e.needs_deltas), e.name
         assert e.spec and e.summary, e.name
         assert e.default_clip is None or (len(e.default_clip) == 2 and e.default_clip[0] <= e.default_clip[1]), e.name
 

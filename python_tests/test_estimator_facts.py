@@ -37,6 +37,8 @@ def test_facts_come_from_the_entry():
     assert f["k_margin"] == 1 and f["uses_k"] and not f["natural_scale_is_mean"] and not f["order_free"]
     f = _codegen.facts(estimators.get("maxrl"))
     assert f["natural_scale_is_mean"] and not f["uses_k"] and f["order_free"] and f["native_supports"]
+    assert f["centred"] and not _codegen.facts(estimators.get("maxk_loo"))["centred"]
+    assert not _codegen.facts(estimators.get("bon_max_mean"))["centred"]  # order-free, but needs the max
     assert not _codegen.facts(estimators.get("maxk_offpolicy_exact"))["native_supports"]
 
 
@@ -109,9 +111,7 @@ DECLARED = {
     ("bench/gpu_check.py", "names"): "sample",
     ("csrc/tests/test_group_math.cpp", "codes"): "bank",
     ("csrc/tests/test_group_math.cpp", "centred"): "sample",
-    # the estimators whose own Triton kernels take lanes up to block 64: a selection, correct for
-    # any subset (the layout changes no value; test_triton.py checks that each fits there)
-    ("bonkernels/triton/_config.py", "CENTRED"): "sample",
+    ("bench/gpu_check.py", "TRITON_EVERY_DTYPE"): "sample",
 }
 
 

@@ -380,7 +380,7 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
                                                if b <= _config.CENTRED_LANE_MAX_BLOCK}
     widest = [s for s in specs if s.config.block > _config.OWN_KERNEL_LANE_MAX_BLOCK]
     assert {estimators.BY_CODE[s.constants.code].name for s in widest} == {
-        e.name for e in _facts.kernel_estimators() if _config.is_centred(e)}
+        e.name for e in _facts.kernel_estimators() if e.centred}
     for spec, line in zip(specs, lines):
         if spec in widest:
             usage = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", line.split("|")[1])

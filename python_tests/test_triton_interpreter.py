@@ -187,17 +187,17 @@ def test_own_kernel_lanes_at_block_32(est):
             torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize("est", [e for e in SUPPORTED if _config.is_centred(e)], ids=lambda e: e.name)
+@pytest.mark.parametrize("est", [e for e in SUPPORTED if e.centred], ids=lambda e: e.name)
 def test_centred_own_kernel_lanes_at_block_64(est):
-    """A centred estimator's own kernel (_config.CENTRED) keeps a thread per group up to BLOCK = 64
-    (_config.CENTRED_LANE_MAX_BLOCK; the other estimators stop at 32): the same source with
-    the layout forced, ragged groups with ties, a singleton, an empty group, both scales."""
+    """A centred estimator's own kernel (the registry's `centred`) keeps a thread per group up to
+    BLOCK = 64 (_config.CENTRED_LANE_MAX_BLOCK; the other estimators stop at 32): the same source
+    with the layout forced, ragged groups with ties, a singleton, an empty group, both scales."""
     generator = torch.Generator().manual_seed(3700 + est.code)
     sizes = [64, 33, 1, 0, 57, 64, 40]
     offsets = packed_offsets(sizes)
     with _config.own_kernel_lanes(True):
         own = _config.takes_own_kernel_lanes(False, torch.float32)
-        assert _config.config_for(64, False, len(sizes), own, _config.is_centred(est)).lanes
+        assert _config.config_for(64, False, len(sizes), own, est.centred).lanes
         assert not _config.config_for(64, False, len(sizes), own, False).lanes
         for dtype, mean_scale in ((torch.float32, True), (torch.bfloat16, False)):
             values = make_rewards(sizes, est, dtype, generator)

@@ -21,16 +21,12 @@ LANE_MAX_BLOCK = 16  # a thread per group up to this block (see the kernel's mod
 # layout (maxk_loo1 and grpo; static counts, sm_90, not yet timed on a GPU); float64 rewards sort
 # in two passes with gathers and spill more there.
 OWN_KERNEL_LANE_MAX_BLOCK = 32
-# The own kernel of an estimator computed from the group's centre alone (CENTRED) neither sorts
-# nor weights by rank: a thread holds the rewards and their centred float64 values alone, which
-# fit one block further without a spill (sm_90, float32: 206-212 registers at BLOCK = 64,
-# test_triton.py checks it). grpo there issues 69 instructions per sample against 560 in the
+# The own kernel of an estimator computed from the group's centre alone (the registry's `centred`
+# field) neither sorts nor weights by rank: a thread holds the rewards and their centred float64
+# values alone, which fit one block further without a spill (sm_90, float32: 206-212 registers at
+# BLOCK = 64, test_triton.py checks it for every centred estimator). grpo there issues 69 instructions per sample against 560 in the
 # spread layout (static counts).
 CENTRED_LANE_MAX_BLOCK = 64
-# The estimators whose own kernels take lanes up to CENTRED_LANE_MAX_BLOCK: those computed from the
-# group's centre alone (the CUDA kernels' kCentred set). A launch rule, right for any subset (the
-# layout changes no value).
-CENTRED = ("grpo", "rloo", "dr_grpo", "maxrl")
 # Whether launches take the blocks above LANE_MAX_BLOCK as lanes: None, when they run their own
 # kernel (above); True, always (the interpreter's tests, and the GPU check's kernel with every
 # estimator, which must give the same bits); False, never. See `own_kernel_lanes`.
@@ -99,21 +95,16 @@ def takes_own_kernel_lanes(runs_own_kernel: bool, dtype: torch.dtype) -> bool:
 def lanes_up_to(deltas: bool, own_kernel: bool, centred: bool = False) -> int:
     """The largest block a launch runs with a thread per group: for an on-policy launch with
     `own_kernel` (see takes_own_kernel_lanes), CENTRED_LANE_MAX_BLOCK when its estimator is
-    `centred` (in CENTRED) and OWN_KERNEL_LANE_MAX_BLOCK otherwise; LANE_MAX_BLOCK for any other
+    `centred` (the registry's field) and OWN_KERNEL_LANE_MAX_BLOCK otherwise; LANE_MAX_BLOCK for any other
     launch."""
     if not own_kernel or deltas:
         return LANE_MAX_BLOCK
     return CENTRED_LANE_MAX_BLOCK if centred else OWN_KERNEL_LANE_MAX_BLOCK
 
 
-def is_centred(est) -> bool:
-    """Whether a registry entry is in CENTRED."""
-    return est.name in CENTRED
-
-
 def estimator_lanes_up_to(est, own_kernel: bool = True) -> int:
-    """lanes_up_to for a registry entry: from its deltas and whether it is in CENTRED."""
-    return lanes_up_to(est.needs_deltas, own_kernel, is_centred(est))
+    """lanes_up_to for a registry entry: from its deltas and whether it is centred."""
+    return lanes_up_to(est.needs_deltas, own_kernel, est.centred)
 
 
 @contextlib.contextmanager

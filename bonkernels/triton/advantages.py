@@ -120,7 +120,7 @@ class PreparedLaunch:
         own_kernel = runs_own_kernel(values.is_cuda, num_groups, traced)
         config = _config.config_for(self.block, self.est.needs_deltas, num_groups,
                                     _config.takes_own_kernel_lanes(own_kernel, values.dtype),
-                                    _config.is_centred(self.est))
+                                    self.est.centred)
         # Tensors the kernel does not read still need a pointer of the right type: deltas only for
         # the off-policy estimators, the bank only in bank mode.
         deltas_arg = deltas if self.est.needs_deltas else values

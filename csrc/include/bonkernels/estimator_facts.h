@@ -33,7 +33,7 @@ constexpr int NUM_CODES = 18;
 constexpr double kZscoreConstantRtol = 1e-10;
 
 // An estimator of the registry has this code.
-BK_HD bool known_code(int code) {
+BK_HD constexpr bool known_code(int code) {
   switch (code) {
     case MAXK:
     case MAXK_LOO:
@@ -60,7 +60,7 @@ BK_HD bool known_code(int code) {
 }
 
 // The spec's formula gives the mean-scale value (else the sum scale)
-BK_HD bool natural_scale_is_mean(int code) {
+BK_HD constexpr bool natural_scale_is_mean(int code) {
   switch (code) {
     case BON_MAX_MEAN:
     case BON_MAX_SECOND:
@@ -79,7 +79,7 @@ BK_HD bool natural_scale_is_mean(int code) {
 }
 
 // k matters (else it is ignored: no k-versus-group-size rule)
-BK_HD bool uses_k(int code) {
+BK_HD constexpr bool uses_k(int code) {
   switch (code) {
     case MAXK:
     case MAXK_LOO:
@@ -99,7 +99,7 @@ BK_HD bool uses_k(int code) {
 }
 
 // The largest valid k is n - k_margin(code)
-BK_HD int k_margin(int code) {
+BK_HD constexpr int k_margin(int code) {
   switch (code) {
     case MAXK_LOO:
     case MAXK_LOO_CENTERED:
@@ -110,7 +110,7 @@ BK_HD int k_margin(int code) {
 }
 
 // The estimator reads the per-sample deltas (off-policy)
-BK_HD bool needs_deltas(int code) {
+BK_HD constexpr bool needs_deltas(int code) {
   switch (code) {
     case MAXK_OFFPOLICY:
     case MAXK_OFFPOLICY_EXACT:
@@ -121,7 +121,7 @@ BK_HD bool needs_deltas(int code) {
 }
 
 // Only group reductions and the sample's own value: the kernels skip the sort
-BK_HD bool order_free(int code) {
+BK_HD constexpr bool order_free(int code) {
   switch (code) {
     case BON_MAX_MEAN:
     case BON_MAX_SECOND:
@@ -135,8 +135,21 @@ BK_HD bool order_free(int code) {
   }
 }
 
+// Order-free from the group's mean (and spread) alone: the kernels' centred set and packs
+BK_HD constexpr bool centred(int code) {
+  switch (code) {
+    case GRPO:
+    case RLOO:
+    case DR_GRPO:
+    case MAXRL:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Linear in the weight tables d, o, q: a mixture over k reads the call's bank (spec 12)
-BK_HD bool linear_in_tables(int code) {
+BK_HD constexpr bool linear_in_tables(int code) {
   switch (code) {
     case MAXK:
     case MAXK_LOO:
@@ -152,7 +165,7 @@ BK_HD bool linear_in_tables(int code) {
 }
 
 // The native kernels implement the estimator (else reference-only)
-BK_HD bool native_supports(int code) {
+BK_HD constexpr bool native_supports(int code) {
   switch (code) {
     case MAXK:
     case MAXK_LOO:

@@ -236,8 +236,8 @@ BK_HD bool has_bank(const Params& p) {
 //   kOnPolicy: the calls without deltas;
 //   kWide:     grpo, and maxk, passk and maxk_loo1 from the call's bank: no per-group tables, no
 //              array but the rewards (at W = 32 the only calls that fit);
-//   kCentred:  grpo, rloo, dr_grpo and maxrl: from the group's centre alone, no sort, no tables,
-//              no array but the rewards;
+//   kCentred:  the registry's centred estimators (grpo, rloo, dr_grpo and maxrl): from the
+//              group's centre alone, no sort, no tables, no array but the rewards;
 //   kWideOffPolicy: maxk_offpolicy from the call's bank: the rewards and the clamped deltas, and
 //              the deltas' prefix sum in double (sum_vec_t: the only array that is not an input).
 // kWide, kCentred and kWideOffPolicy hold their arrays in float (LaneExec::Elem, SegmentExec::Elem):
@@ -269,13 +269,7 @@ BK_HD constexpr int lane_code(LaneCalls calls, int code, bool has_bank) {
         default: return -1;
       }
     case LaneCalls::kCentred:
-      switch (code) {
-        case GRPO: return GRPO;
-        case RLOO: return RLOO;
-        case DR_GRPO: return DR_GRPO;
-        case MAXRL: return MAXRL;
-        default: return -1;
-      }
+      return centred(code) ? code : -1;
     case LaneCalls::kWideOffPolicy:
       switch (code) {
         case MAXK_OFFPOLICY: return has_bank ? MAXK_OFFPOLICY : -1;

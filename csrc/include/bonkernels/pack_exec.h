@@ -8,8 +8,8 @@
 // group, so the results are the same to the bit (test_group_math compares the centred estimators'
 // packs with the lane executor; test_native every group of batches with the same group alone).
 //
-// It takes the order-free estimators computed from the group's centre (centred_values: grpo,
-// rloo, dr_grpo, maxrl) and, on groups the CPU kernel has sorted, maxk, passk, maxk_loo1 and
+// It takes the registry's centred estimators, computed from the group's centre (centred_values:
+// grpo, rloo, dr_grpo, maxrl) and, on groups the CPU kernel has sorted, maxk, passk, maxk_loo1 and
 // maxk_offpolicy from the call's bank (maxk_values, maxk_loo1_values, maxk_offpolicy_values), all
 // on finite rewards (and deltas); the CPU kernel sends every other group to the lane executor.
 #pragma once
@@ -219,7 +219,7 @@ BK_HD bool sorted_pack_takes(const Params& p) {
 
 // Whether the pack executor computes this call (see the top of the file).
 BK_HD bool pack_takes(const Params& p) {
-  return p.code == GRPO || p.code == RLOO || p.code == DR_GRPO || p.code == MAXRL || sorted_pack_takes(p);
+  return centred(p.code) || sorted_pack_takes(p);
 }
 
 }  // namespace bk
