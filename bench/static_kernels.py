@@ -92,6 +92,8 @@ from dataclasses import asdict, dataclass, field
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bonkernels import estimators  # noqa: E402
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
 
@@ -207,9 +209,9 @@ CUDA_VARIANTS = (
 # kCentred first (grpo: its kCentred small-group and segment kernels); every other call, and a
 # build for every call ("default"), takes segment_kernel<2> and <4> there.
 WIDE_LANE_BUILDS = ("grpo/fp32", "maxk/fp32", "passk/fp32", "maxk_loo1/fp32")
-# The float32 calls it sends to the kCentred instantiations of the small-group and segment kernels;
-# the other WIDE_LANE_BUILDS go to their kWide instantiations.
-CENTRED_LANE_BUILDS = ("grpo/fp32", "rloo/fp32", "dr_grpo/fp32", "maxrl/fp32")
+# The float32 calls it sends to the kCentred instantiations of the small-group and segment kernels
+# (the registry's centred estimators); the other WIDE_LANE_BUILDS go to their kWide instantiations.
+CENTRED_LANE_BUILDS = tuple(f"{e.name}/fp32" for e in estimators.REGISTRY.values() if e.centred)
 # The float32 call with deltas that the launcher sends to the kWideOffPolicy instantiations (its
 # bank in the estimator build), thread_kernel<32> and (groups of exactly 64) thread_kernel<64> included.
 OFF_WIDE_BUILDS = ("maxk_offpolicy/fp32",)
@@ -915,7 +917,6 @@ def main(argv=None) -> int:
     if not have_tools():
         print("[static] nvcc or cuobjdump not found: nothing to do", file=sys.stderr)
         return 2
-    from bonkernels import estimators
 
     work = os.path.join(a.out, "build") if a.keep else tempfile.mkdtemp(prefix="bk_static_")
     os.makedirs(work, exist_ok=True)

@@ -92,21 +92,35 @@ def test_estimate_arithmetic():
     assert sk.bytes_per_sample(16, 4, deltas=True) == 12.5
 
 
-@pytest.mark.parametrize("calls, builds", [("kWide", sk.WIDE_LANE_BUILDS), ("kCentred", sk.CENTRED_LANE_BUILDS),
-                                           ("kWideOffPolicy", sk.OFF_WIDE_BUILDS)])
-def test_lane_builds_follow_the_source(calls, builds):
-    """WIDE_LANE_BUILDS, CENTRED_LANE_BUILDS and OFF_WIDE_BUILDS list the estimators of
-    group_math.h's lane_code for LaneCalls::kWide, kCentred and kWideOffPolicy."""
-    from bonkernels import estimators
-
+def _lane_code_case(calls: str) -> str:
+    """The body of group_math.h's lane_code for one LaneCalls set."""
     src = (Path(sk.REPO_DIR) / "csrc" / "include" / "bonkernels" / "group_math.h").read_text()
     body = src[src.index("BK_HD constexpr int lane_code("):]
     body = body[:body.index("\n}\n")]
-    body = body[body.index(f"case LaneCalls::{calls}:"):]
-    body = body[:body.index("default:")]
-    taken = {c.lower() for c in re.findall(r"case (\w+):", body) if not c.startswith("LaneCalls")}
+    body = body[body.index(f"case LaneCalls::{calls}:") + len(f"case LaneCalls::{calls}:"):]
+    return re.split(r"\n    (?:case LaneCalls::|default:)", body)[0]
+
+
+@pytest.mark.parametrize("calls, builds", [("kWide", sk.WIDE_LANE_BUILDS), ("kWideOffPolicy", sk.OFF_WIDE_BUILDS)])
+def test_lane_builds_follow_the_source(calls, builds):
+    """WIDE_LANE_BUILDS and OFF_WIDE_BUILDS list the estimators of group_math.h's lane_code for
+    LaneCalls::kWide and kWideOffPolicy."""
+    from bonkernels import estimators
+
+    body = _lane_code_case(calls)
+    taken = {c.lower() for c in re.findall(r"case (\w+):", body[:body.index("default:")])}
     assert taken == {b.split("/")[0] for b in builds}
     assert all(estimators.get(name) for name in taken)
+
+
+def test_centred_lane_builds_are_the_registrys_centred_set():
+    """lane_code takes the registry's centred estimators (the generated predicate) into
+    LaneCalls::kCentred, and CENTRED_LANE_BUILDS builds exactly those."""
+    from bonkernels import estimators
+
+    assert _lane_code_case("kCentred").split() == ["return", "centred(code)", "?", "code", ":", "-1;"]
+    assert {b.split("/")[0] for b in sk.CENTRED_LANE_BUILDS} == {
+        e.name for e in estimators.REGISTRY.values() if e.centred} == {"grpo", "rloo", "dr_grpo", "maxrl"}
 
 
 def test_radix_passes_follow_the_source():
