@@ -106,11 +106,13 @@ _ENTRIES = (
               summary="Chow et al. BoN-RLB(P), positive samples only"),
     Estimator("grpo", 14, "mean", uses_k=False, order_free=True, centred=True, spec="13.1",
               summary="(g_i - mean) / (sample std + eps)"),
-    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, centred=True, unbiased=True, spec="13.2",
+    Estimator("rloo", 15, "mean", uses_k=False, order_free=True, centred=True, unbiased=True,
+              spec="13.2",
               summary="g_i - mean of the others"),
     Estimator("dr_grpo", 16, "mean", uses_k=False, order_free=True, centred=True, spec="13.3",
               summary="g_i - group mean"),
-    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, centred=True, non_negative=True, spec="12.2",
+    Estimator("maxrl", 17, "mean", uses_k=False, order_free=True, centred=True, non_negative=True,
+              spec="12.2",
               summary="MaxRL: (r_i - mean) / mean, 0 when the mean is 0"),
 )
 

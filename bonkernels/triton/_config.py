@@ -24,8 +24,8 @@ OWN_KERNEL_LANE_MAX_BLOCK = 32
 # The own kernel of an estimator computed from the group's centre alone (the registry's `centred`
 # field) neither sorts nor weights by rank: a thread holds the rewards and their centred float64
 # values alone, which fit one block further without a spill (sm_90, float32: 206-212 registers at
-# BLOCK = 64, test_triton.py checks it for every centred estimator). grpo there issues 69 instructions per sample against 560 in the
-# spread layout (static counts).
+# BLOCK = 64, test_triton.py checks it for every centred estimator). grpo there issues 69
+# instructions per sample against 560 in the spread layout (static counts).
 CENTRED_LANE_MAX_BLOCK = 64
 # Whether launches take the blocks above LANE_MAX_BLOCK as lanes: None, when they run their own
 # kernel (above); True, always (the interpreter's tests, and the GPU check's kernel with every
@@ -95,8 +95,8 @@ def takes_own_kernel_lanes(runs_own_kernel: bool, dtype: torch.dtype) -> bool:
 def lanes_up_to(deltas: bool, own_kernel: bool, centred: bool = False) -> int:
     """The largest block a launch runs with a thread per group: for an on-policy launch with
     `own_kernel` (see takes_own_kernel_lanes), CENTRED_LANE_MAX_BLOCK when its estimator is
-    `centred` (the registry's field) and OWN_KERNEL_LANE_MAX_BLOCK otherwise; LANE_MAX_BLOCK for any other
-    launch."""
+    `centred` (the registry's field) and OWN_KERNEL_LANE_MAX_BLOCK otherwise; LANE_MAX_BLOCK for
+    any other launch."""
     if not own_kernel or deltas:
         return LANE_MAX_BLOCK
     return CENTRED_LANE_MAX_BLOCK if centred else OWN_KERNEL_LANE_MAX_BLOCK
