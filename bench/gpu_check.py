@@ -79,6 +79,7 @@ QUICK_BUCKETS = ((8, (1, 2, 5, 8)), (16, (9, 16)), (32, (17, 32)), (64, (33, 64)
 TRITON_SHARDS = 4
 # The estimators the triton section also runs at float64, float16 and bfloat16 (all at float32)
 TRITON_EVERY_DTYPE = ("maxk_loo1", "maxk_offpolicy", "grpo", "bon_mean", "maxk_loo")
+TRITON_CACHE_FILL_JOBS = 6  # processes that compile them ahead, beside the build (start_triton_cache_fill)
 SECTIONS = ("kernels", "triton", "adversarial-native", "adversarial-triton", "streams", "graphs", "api",
             "plans", "policy_loss")
 
@@ -1331,14 +1332,15 @@ def main() -> int:
 def triton_cache_fill_commands(arch: int) -> list[list[str]]:
     """The ahead-of-time compiles of the kernels the Triton sections launch: every estimator's at
     float32, the TRITON_EVERY_DTYPE ones at the other dtypes, both layouts, every block."""
-    base = [sys.executable, "-m", "bonkernels.triton.aot", "--arch", str(arch), "--estimators", "--jobs", "6"]
+    base = [sys.executable, "-m", "bonkernels.triton.aot", "--arch", str(arch), "--estimators",
+            "--jobs", str(TRITON_CACHE_FILL_JOBS)]
     return [base + ["--dtype", "fp32"], base + ["--dtype", "fp64", "fp16", "bf16", "--only", *TRITON_EVERY_DTYPE]]
 
 
 def start_triton_cache_fill(out_dir: str):
     """On a GPU a Triton launch compiles its kernel for the call's estimator on first use (1-5 s
-    each, about 600 kernels in the Triton sections): compile them ahead on 6 cores, beside the
-    build, into Triton's on-disk cache, which the sections' launches then read. Returns the
+    each, about 600 kernels in the Triton sections): compile them ahead in TRITON_CACHE_FILL_JOBS
+    processes, beside the build, into Triton's on-disk cache, which the sections' launches then read. Returns the
     process (stop_triton_cache_fill ends it), or None when no GPU arch is known."""
     import shlex
 
@@ -1354,7 +1356,8 @@ def start_triton_cache_fill(out_dir: str):
     with open(os.path.join(out_dir, "triton_cache_fill.txt"), "w") as out:
         process = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-    log(f"[triton cache] filling on 6 cores (sm_{major}{minor}; triton_cache_fill.txt)")
+    log(f"[triton cache] filling in {TRITON_CACHE_FILL_JOBS} processes (sm_{major}{minor}; "
+        "triton_cache_fill.txt)")
     return process
 
 
