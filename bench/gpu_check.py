@@ -473,6 +473,52 @@ def section_triton(ctx):
                     except Exception as error:
                         problem = f"raised {type(error).__name__}: {str(error)[:300]}"
                     rep.check("triton", label, problem)
+        if ctx.out_of_time("triton", f"from a bank block={block}"):
+            return
+        _serial_lanes_from_a_bank(ctx, block, ragged)
+
+
+def _serial_lanes_from_a_bank(ctx, block, ragged):
+    """From a bank, _config.SERIAL_LANE_MAX_BLOCK's estimators go through a group a column at a
+    time, in their own kernels, with a thread per group up to that block (maxk_offpolicy at 32,
+    maxk and passk at 64): one k's bank on a ragged batch in that layout, against the float64
+    reference and, on a GPU up to block 32, bit for bit against the kernel with every estimator
+    in the same layout (its tile code)."""
+    from bonkernels import tables
+    from bonkernels.triton import _config
+
+    torch = ctx.torch
+    natives = {e.name for e in ctx.natives}
+    for name, top in sorted(_config.SERIAL_LANE_MAX_BLOCK.items()):
+        est = ctx.estimators.get(name)
+        if block > top or name not in natives or (ctx.quick and name not in ("maxk", "maxk_offpolicy")):
+            continue
+        # (bfloat16 for the estimators the cache fill compiles at every dtype)
+        for dtype in (torch.float32,) + ((torch.bfloat16,) if name in TRITON_EVERY_DTYPE and not ctx.quick else ()):
+            k = 3
+            values, offsets, deltas = ctx.batch(ragged, est, dtype)
+            args = args_for(ctx, est, values, offsets, deltas, (dtype, True, (-math.inf, math.inf), 1e-6, 2, k),
+                            block)
+            bank, bank_index = tables.build_bank(name, (0.0,) * (k - 1) + (1.0,), tuple(range(1, block + 1)), 2,
+                                                 ctx.device)
+            try:
+                with _config.lane_threshold(1):
+                    got = ctx.triton(*args, bank=bank, bank_index=bank_index)
+                    ctx.sync()
+                problem = ctx.compare(got, ctx.want(args), dtype)
+                if problem is None and ctx.cuda and block <= _config.OWN_KERNEL_LANE_MAX_BLOCK:
+                    # (above, the kernel with every estimator takes lanes in no launch)
+                    same_layout = _config.takes_own_kernel_lanes(True, dtype)
+                    with (_config.lane_threshold(1), _config.specialised_kernels(False),
+                          _config.own_kernel_lanes(same_layout)):
+                        generic = ctx.triton(*args, bank=bank, bank_index=bank_index)
+                        ctx.sync()
+                    as_int = {2: torch.int16, 4: torch.int32}[got.element_size()]
+                    if not torch.equal(got.view(as_int), generic.view(as_int)):
+                        problem = "a column at a time differs from the tile code of the kernel with every estimator"
+            except Exception as error:
+                problem = f"raised {type(error).__name__}: {str(error)[:300]}"
+            ctx.report.check("triton", f"{name} block={block} {str(dtype)[6:]} k={k} from a bank, lanes", problem)
 
 
 def _same_as_generic_kernel(ctx, args, got, layout):

@@ -90,11 +90,13 @@ def generic_kernel():
 
 
 def _lane_max_block(estimator: str) -> int:
-    """The largest n whose launches run a thread per group (on a batch that fills the GPU)."""
-    from bonkernels import estimators
+    """The largest n whose launches run a thread per group (on a batch that fills the GPU; the
+    table's single-k calls on [G, n] rewards read one k's bank where the estimator has one)."""
+    from bonkernels import estimators, tables
     from bonkernels.triton import _config  # pure Python: imports no triton
 
-    return _config.estimator_lanes_up_to(estimators.get(estimator))
+    est = estimators.get(estimator)
+    return _config.estimator_lanes_up_to(est, has_bank=est.name in tables.BANK_ESTIMATORS)
 
 
 def _generic_lane_max_block() -> int:

@@ -716,9 +716,11 @@ def compile_triton(dtype: str, block: int, code: int | None = None):
         cfg = _config.config_for_block(block, True)
         return cfg, aot.compile_one(aot.Specialisation(dtype, cfg), 90)
     est = estimators.BY_CODE[code]
-    cfg = _config.config_for_block(block, est.needs_deltas, own_kernel=True, centred=est.centred)
     # the path of a single-k call on [G, n] rewards: one k's bank where the estimator takes one
-    constants = _sources.constants_of(est, est.name in tables.BANK_ESTIMATORS)
+    has_bank = est.name in tables.BANK_ESTIMATORS
+    cfg = _config.config_for_block(block, est.needs_deltas, own_kernel=True, centred=est.centred,
+                                   serial_block=_config.serial_lanes_up_to(est, has_bank))
+    constants = _sources.constants_of(est, has_bank)
     return cfg, aot.compile_one(aot.Specialisation(dtype, cfg, constants), 90)
 
 

@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -190,9 +191,21 @@ def test_launches_use_exactly_the_compiled_specialisations():
                     backend, kwargs, bound, specialization, options)
                 assert bank_signature == signature and not any(bank_attrs.values())
             assert all(not a for a in attrs.values()), attrs
-            expected = _config.config_for(block, clamp is not None, len(sizes)).constexprs()
+            # (SERIAL: off in the kernel with every estimator on a GPU, which aot.py compiles; on
+            # for these CPU tensors, the interpreter's launches)
+            expected = dict(_config.config_for(block, clamp is not None, len(sizes)).constexprs(),
+                            SERIAL=_config.serial_on(values))
             assert constexprs == {(advantages_kernel.arg_names.index(key),): value
                                   for key, value in expected.items()}
+    assert not _config.serial_on(types.SimpleNamespace(is_cuda=True))
+    # the compiled kernels: SERIAL off with every estimator, on with one
+    from bonkernels.triton import _facts, _sources
+
+    serial_at = (advantages_kernel.arg_names.index("SERIAL"),)
+    config = _config.config_for_block(16)
+    assert _sources.source("fp32", config).constants[serial_at] is False
+    own = _sources.constants_of(_facts.get("maxk"), True)
+    assert _sources.source("fp32", config, own).constants[serial_at] is True
 
 
 def test_direct_launch_passes_what_tritons_launch_passes():
@@ -275,6 +288,33 @@ def test_own_kernel_lanes_reach_block_32_on_policy_for_narrow_rewards():
     with _config.own_kernel_lanes(False):
         assert not _config.takes_own_kernel_lanes(True, torch.float32)
     assert _config.OWN_KERNEL_LANES is None
+
+
+def test_serial_estimators_keep_lanes_to_their_blocks_from_a_bank():
+    """From a bank, SERIAL_LANE_MAX_BLOCK's estimators go through a group a column at a time where
+    a thread holds it (the kernel's _serial_from_bank names the same set, and only from a bank),
+    so their own kernels keep a thread per group up to that block, off-policy included; without
+    a bank, or without their own kernel, the blocks of the others."""
+    from bonkernels.triton import _advantages_kernel as kernel
+    from bonkernels.triton import _facts
+
+    for est in _facts.kernel_estimators():
+        code = tl.constexpr(est.code)
+        assert bool(kernel._serial_from_bank.fn(code, tl.constexpr(1))) == (est.name in _config.SERIAL_LANE_MAX_BLOCK)
+        assert not kernel._serial_from_bank.fn(code, tl.constexpr(0))
+        assert _config.serial_lanes_up_to(est, False) == 0
+        assert _config.serial_lanes_up_to(est, True) == _config.SERIAL_LANE_MAX_BLOCK.get(est.name, 0)
+    for name, top in _config.SERIAL_LANE_MAX_BLOCK.items():
+        est = estimators.get(name)
+        assert _facts.linear_in_tables(est) and top > _config.LANE_MAX_BLOCK
+        assert _config.estimator_lanes_up_to(est, has_bank=True) == top >= _config.estimator_lanes_up_to(est)
+        assert _config.estimator_lanes_up_to(est, own_kernel=False, has_bank=True) == _config.LANE_MAX_BLOCK
+        config = _config.config_for_block(top, est.needs_deltas, True, own_kernel=True, serial_block=top)
+        assert config.lanes and config.deltas == est.needs_deltas
+        assert not _config.config_for_block(2 * top, est.needs_deltas, True, own_kernel=True, serial_block=top).lanes
+        assert not _config.config_for_block(top, est.needs_deltas, True, serial_block=top).lanes
+        assert not _config.config_for_block(top, est.needs_deltas, False, own_kernel=True, serial_block=top).lanes
+    assert _config.estimator_lanes_up_to(estimators.get("maxk_offpolicy")) == _config.LANE_MAX_BLOCK
 
 
 def test_only_launches_that_run_their_own_kernel_take_lanes_at_block_32(monkeypatch):
@@ -366,7 +406,9 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
     estimator (a thread holds its whole group). Above LANE_MAX_BLOCK, where only the on-policy
     estimators' kernels run lanes, a thread holds 32 float64s per tile and
     may spill: less than the kernel with every estimator, and within OWN_KERNEL_SPILL_PER_SAMPLE.
-    Above OWN_KERNEL_LANE_MAX_BLOCK only the centred estimators run lanes, and without a spill."""
+    Above OWN_KERNEL_LANE_MAX_BLOCK only the centred estimators and maxk and passk from a bank
+    run lanes, and without a spill. The kernels that go through a group a column at a time
+    (SERIAL_LANE_MAX_BLOCK's, from a bank) never spill, maxk_offpolicy at 32 included."""
     import re
 
     from bonkernels.triton import _facts, aot
@@ -380,9 +422,13 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
                                                if b <= _config.CENTRED_LANE_MAX_BLOCK}
     widest = [s for s in specs if s.config.block > _config.OWN_KERNEL_LANE_MAX_BLOCK]
     assert {estimators.BY_CODE[s.constants.code].name for s in widest} == {
-        e.name for e in _facts.kernel_estimators() if e.centred}
+        e.name for e in _facts.kernel_estimators() if e.centred} | {
+        name for name, top in _config.SERIAL_LANE_MAX_BLOCK.items() if top > _config.OWN_KERNEL_LANE_MAX_BLOCK}
+    serial = [s for s in specs if s.constants.has_bank
+              and estimators.BY_CODE[s.constants.code].name in _config.SERIAL_LANE_MAX_BLOCK]
+    assert max(s.config.block for s in serial if s.config.deltas) == _config.SERIAL_LANE_MAX_BLOCK["maxk_offpolicy"]
     for spec, line in zip(specs, lines):
-        if spec in widest:
+        if spec in widest or spec in serial:  # (the columns at a time: no spill at any block)
             usage = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", line.split("|")[1])
             assert usage and usage.group(2) == usage.group(3) == "0", line
             continue

@@ -204,6 +204,46 @@ def test_centred_own_kernel_lanes_at_block_64(est):
             assert_matches_reference(values, offsets, None, 3, est, mode="zero", mean_scale=mean_scale)
 
 
+@pytest.mark.parametrize("name", sorted(_config.SERIAL_LANE_MAX_BLOCK))
+def test_serial_lanes_from_a_bank(name):
+    """From a bank, where a thread holds its group, these estimators go through it a column at a
+    time (the kernel's _serial_outputs: on a GPU in their own kernels, up to the estimator's
+    _config.SERIAL_LANE_MAX_BLOCK; under the interpreter in every lane launch). At 16 and at the
+    estimator's top block: ragged groups with ties, a singleton and an empty group, one k's bank
+    and a mixture's, both scales, a clip, clamped deltas: the reference's values, and the bits of
+    the tile code (interpreter_serial(False), the kernel with every estimator's path on a GPU)."""
+    est = estimators.get(name)
+    top = _config.SERIAL_LANE_MAX_BLOCK[name]
+    generator = torch.Generator().manual_seed(3800 + est.code)
+    for block in sorted({16, top}):
+        sizes = [block, block // 2 + 1, 1, 0, block - 3, block]
+        offsets = packed_offsets(sizes)
+        with _config.own_kernel_lanes(True):
+            own = _config.takes_own_kernel_lanes(False, torch.float32)
+            serial_block = _config.serial_lanes_up_to(est, True)
+            assert _config.config_for(block, est.needs_deltas, len(sizes), own, est.centred, serial_block).lanes
+            for dtype, weights, mean_scale, clip in ((torch.float32, (0.0, 0.0, 1.0), True, None),
+                                                     (torch.bfloat16, (0.5, 0.0, 0.3, 0.2), False, (-0.5, 0.8))):
+                values = make_rewards(sizes, est, dtype, generator)
+                deltas = make_deltas(values, est, generator)
+                bank, bank_index = tables.build_bank(name, weights, tuple(range(1, block + 1)), MODES["clamp"],
+                                                     values.device)
+                lo, hi = clip if clip is not None else (-math.inf, math.inf)
+                args = (values, offsets, deltas, 1, est.code, 0.2 if deltas is not None else None, lo, hi,
+                        mean_scale, MODES["clamp"], 1e-6, block)
+                got = bk_triton.advantages_packed(*args, bank=bank, bank_index=bank_index)
+                with _config.interpreter_serial(False):
+                    tiles = bk_triton.advantages_packed(*args, bank=bank, bank_index=bank_index)
+                assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                                   tiles.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)), (name, block)
+                want = reference.advantages_packed(values.double(), offsets, None if deltas is None
+                                                   else deltas.double(), *args[3:12], bank=bank,
+                                                   bank_index=bank_index)
+                scale = max(want.abs().max().item(), 1.0)
+                err = (got.double() - want).abs().max().item()
+                assert err <= 2 * RTOL[dtype] * scale, (name, block, dtype, err)
+
+
 @pytest.mark.parametrize("est", SUPPORTED, ids=lambda e: e.name)
 def test_packed_sort_path_matches_reference(est):
     """BLOCK=64/128 (a group across threads): float64 (two packed sorts) and a narrower dtype

@@ -4,7 +4,8 @@ One program handles GROUPS groups, each padded to a power-of-two BLOCK (padding 
 All arithmetic is float64, as in the reference (docs/conventions.md); the output is cast at the end.
 
 Specialisations (compile-time): the pointer dtypes, BLOCK (with GROUPS, the number of warps and the
-layout derived from it by the launcher), and DELTAS: whether the off-policy branch is compiled in.
+layout derived from it by the launcher), DELTAS: whether the off-policy branch is compiled in, and
+SERIAL: whether the column-at-a-time form below is (the kernels compiled per estimator).
 The thread-per-group kernels come in two, with and without it: a thread that holds a whole group
 runs out of registers on the union of every estimator's tiles. The estimator, k, the small-group
 mode, clamping and clipping are runtime scalars, so neither a new estimator nor a new k nor a new
@@ -19,6 +20,15 @@ tensor's layout from how it is loaded, so in LANES mode every load and store of 
 a flat, sample-major view (`_load`, `_store`): element (g, p) sits at p * GROUPS + g, and thread g
 holds all of group g. Such accesses are not coalesced per instruction (a warp touches 32 groups),
 but the group's lines are reused from L1 by the next columns' loads.
+
+Where a thread holds its group, maxk, passk, maxk_loo1 and maxk_offpolicy called from a bank go
+through it one column at a time (`_serial_outputs`): their weights are rank tables times the sorted
+rewards, summed in one direction, so the thread reads the tables a few columns at a time and
+finishes each output as soon as it is known, and no whole table is ever alive. The tile code holds
+two to four float64 tables of the group at once, which at BLOCK = 32 is more than a thread's 255
+registers. The column form repeats the tile code's arithmetic operation for operation (the same
+bits); the kernel with every estimator keeps the tile code on a GPU (SERIAL off), where the column
+form beside every other estimator's branch would cost it registers.
 
 Safety without input checks (check_inputs=False): offsets are clamped into the values, a group
 larger than BLOCK or with a NaN/inf reward (or delta) gets NaN for every sample, and every store is
@@ -400,10 +410,9 @@ def _over(a, b):
 
 
 @triton.jit
-def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has_bank, bank_ptr,
-                        block_at, n, cols, rank, rf, kf, d, o, x, LANES: tl.constexpr):
-    """Bagirov's first-order off-policy weights, O(n) scan form (spec 3.2), and `bad` with the
-    groups whose deltas are not finite."""
+def _clamped_deltas(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, LANES: tl.constexpr):
+    """The deltas in sorted order, clamped, in the compare dtype, and `bad` with the groups whose
+    deltas are not finite."""
     dl_raw = _load(deltas_ptr + src, valid, 0.0, LANES)
     # clamp with the bound rounded to the deltas' dtype (as the reference does), compared in
     # float32 or wider: exact, and the interpreter cannot compare bfloat16
@@ -415,6 +424,15 @@ def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has
         bound = _cast_like_torch(clamp_delta, dl_raw.dtype).to(tl.float32)
     if has_clamp != 0:
         dl = tl.minimum(tl.maximum(dl, -bound), bound)
+    return dl, bad
+
+
+@triton.jit
+def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has_bank, bank_ptr,
+                        block_at, n, cols, rank, rf, kf, d, o, x, LANES: tl.constexpr):
+    """Bagirov's first-order off-policy weights, O(n) scan form (spec 3.2), and `bad` with the
+    groups whose deltas are not finite."""
+    dl, bad = _clamped_deltas(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, LANES)
     dl = dl.to(tl.float64)
     below = _prefix_exclusive(dl)
     if has_bank != 0:
@@ -429,10 +447,194 @@ def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has
     return ((1.0 + dl) * d + o * below) * x + spread + dl * own, bad
 
 
+@triton.jit
+def _column(t, cols, j: tl.constexpr):
+    """Column j of a tile, [GROUPS, 1]. Where a thread holds the whole group (LANES) every column
+    is a register known at compile time, so this folds to that register (an xor with zeros)."""
+    if t.dtype.primitive_bitwidth == 64:
+        bits = t.to(tl.int64, bitcast=True)
+    else:
+        bits = t.to(tl.int32, bitcast=True)
+    return tl.xor_sum(tl.where(cols == j, bits, 0), axis=1, keep_dims=True).to(t.dtype, bitcast=True)
+
+
+@triton.jit
+def _bank_chunk(bank_ptr, block_at, row: tl.constexpr, n, at):
+    """Columns `at` ([GROUPS, CHUNK]) of row `row` of the bank block, a thread per group; 0
+    outside the group and when the block is missing."""
+    ptrs = bank_ptr + tl.maximum(block_at, 0) + row * n + at
+    return _load(ptrs, (at < n) & (block_at >= 0), 0.0, True)
+
+
+@triton.jit
+def _serial_from_bank(code, has_bank):
+    """Whether a call where a thread holds its group (LANES) runs `_serial_outputs`: the
+    estimators of _config.SERIAL_LANE_MAX_BLOCK, from a bank."""
+    return (has_bank != 0) & ((code == MAXK) | (code == PASSK) | (code == MAXK_LOO1)
+                              | (code == MAXK_OFFPOLICY))
+
+
+@triton.jit
+def _finish(result, nf, mean_scale, natural_mean, zero_group, bad, clip_lo, clip_hi,
+            out_dtype: tl.constexpr):
+    """A result in the estimator's natural scale -> the output: the requested scale, small-group
+    zeroing, clip and NaN in the reference's order, as selects among values cast to the output
+    dtype (_clip_cast): a zeroed group takes the clipped, cast 0."""
+    if (mean_scale != 0) & (natural_mean == 0):
+        result = result * nf
+    elif (mean_scale == 0) & (natural_mean != 0):
+        result = _over(result, tl.maximum(nf, 1.0))
+    zero = tl.zeros_like(clip_lo)
+    out = _clip_cast(result, clip_lo, clip_hi, out_dtype)
+    out = tl.where(zero_group, _clip_cast(zero, clip_lo, clip_hi, out_dtype), out)
+    return tl.where(bad, _cast_like_torch(zero + float("nan"), out_dtype), out)
+
+
+@triton.jit
+def _store_chunk(out_ptr, start, perm, cols, in_chunk, first, outs, n):
+    """Store the outputs of sorted columns first.. first + CHUNK - 1 ([GROUPS, CHUNK]) at their
+    samples, gated by the source column."""
+    src = tl.zeros_like(in_chunk)
+    for i in tl.static_range(in_chunk.shape[1]):
+        src = tl.where(in_chunk == i, _column(perm, cols, first + i), src)
+    _store(out_ptr + start + src, outs, src < n, True)
+
+
+@triton.jit
+def _serial_outputs(code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid, mean_scale,
+                    natural_mean, out_ptr, start, perm, zero_group, bad, clip_lo, clip_hi,
+                    out_dtype: tl.constexpr, BLOCK: tl.constexpr, DELTAS: tl.constexpr):
+    """Compute and store the outputs of a call of _serial_from_bank where a thread holds its
+    group, one sorted column at a time.
+
+    The tile code (the kernel's branches) holds two to four float64 tables of the whole group at
+    once, beside the sorted rewards and their columns: at BLOCK = 32 more than a thread's 255
+    registers. These estimators sum rank tables times the sorted rewards in one direction (maxk
+    and passk from the top, maxk_loo1 from the bottom, maxk_offpolicy from the top, with the
+    deltas' prefix sum), so a thread can go through its group one column at a time, reading the
+    tables CHUNK columns at a time: alive are the rewards, the deltas and the columns, and one
+    chunk of the tables and of the outputs. The sums are the tile code's, in the same order (its
+    in-thread scans run in column order: first the column's own term, then one add per column),
+    and each output is finished (_finish) as soon as it is known, then stored a chunk at a time."""
+    GROUPS: tl.constexpr = x_compared.shape[0]
+    # (the off-policy weights read three tables and keep the deltas: 4 columns a chunk fit
+    # BLOCK = 32 without a spill, where 8 spill)
+    WIDTH: tl.constexpr = 4 if DELTAS else 8
+    CHUNK: tl.constexpr = WIDTH if BLOCK > WIDTH else BLOCK
+    NCHUNKS: tl.constexpr = BLOCK // CHUNK
+    in_chunk = tl.zeros([GROUPS, CHUNK], dtype=tl.int32) + tl.arange(0, CHUNK)[None, :]
+    if (code == MAXK) | (code == PASSK):
+        # s_j = d_j x_j + sum_{t > j} o_t x_t (_pkpo_s), from the top
+        total = tl.zeros([GROUPS, 1], dtype=tl.float64)
+        for c in tl.static_range(NCHUNKS):
+            first = BLOCK - CHUNK * (c + 1)
+            outs = tl.zeros([GROUPS, CHUNK], dtype=out_dtype)
+            d_chunk = _bank_chunk(bank_ptr, block_at, 0, n, in_chunk + first)
+            o_chunk = _bank_chunk(bank_ptr, block_at, 1, n, in_chunk + first)
+            for i in tl.static_range(CHUNK):
+                j = first + CHUNK - 1 - i
+                x = _column(x_compared, cols, j).to(tl.float64)
+                v = _column(o_chunk, in_chunk, j - first) * x
+                if j == BLOCK - 1:
+                    total = v
+                else:
+                    total = total + v
+                result = _column(d_chunk, in_chunk, j - first) * x + (total - v)
+                out = _finish(result, nf, mean_scale, natural_mean, zero_group, bad, clip_lo,
+                              clip_hi, out_dtype)
+                outs = tl.where(in_chunk == j - first, out, outs)
+            _store_chunk(out_ptr, start, perm, cols, in_chunk, first, outs, n)
+    elif code == MAXK_LOO1:
+        # D_j y_j - sum_{t < j} B_t y_t + W1/(n-1) (y_j - mean of y) (the tile code's), from the
+        # bottom
+        xmin = tl.min(tl.where(valid, x_compared, float("inf")), axis=1)[:, None].to(tl.float64)
+        ysum = _row_sum(tl.where(valid, x_compared.to(tl.float64) - xmin, 0.0))
+        ymean = ysum / tl.maximum(nf, 1.0)
+        w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
+        w1_per_gap = tl.where(n >= 2, w1 / tl.maximum(nf - 1.0, 1.0), 0.0)
+        total = tl.zeros([GROUPS, 1], dtype=tl.float64)
+        for c in tl.static_range(NCHUNKS):
+            first = CHUNK * c
+            outs = tl.zeros([GROUPS, CHUNK], dtype=out_dtype)
+            d_chunk = _bank_chunk(bank_ptr, block_at, 0, n, in_chunk + first)
+            b_chunk = _bank_chunk(bank_ptr, block_at, 3, n, in_chunk + first)
+            for i in tl.static_range(CHUNK):
+                j = first + i
+                y = tl.where(n > j, _column(x_compared, cols, j).to(tl.float64) - xmin, 0.0)
+                v = _column(b_chunk, in_chunk, i) * y
+                if j == 0:
+                    total = v
+                else:
+                    total = total + v
+                result = _column(d_chunk, in_chunk, i) * y + -(total - v) + w1_per_gap * (y - ymean)
+                out = _finish(result, nf, mean_scale, natural_mean, zero_group, bad, clip_lo,
+                              clip_hi, out_dtype)
+                outs = tl.where(in_chunk == j - first, out, outs)
+            _store_chunk(out_ptr, start, perm, cols, in_chunk, first, outs, n)
+    elif DELTAS:  # maxk_offpolicy (only compiled into the kernels that off-policy launches use)
+        # _off_policy_weights from the top; below_j = sum_{t < j} dl_t is a prefix sum, so a
+        # first pass from the bottom keeps its value at the end of each chunk
+        prefix = tl.zeros([GROUPS, 1], dtype=tl.float64)
+        chunk_ends = tl.zeros([GROUPS, NCHUNKS], dtype=tl.float64)
+        chunk_index = tl.zeros([GROUPS, NCHUNKS], dtype=tl.int32) + tl.arange(0, NCHUNKS)[None, :]
+        for j in tl.static_range(BLOCK):
+            dl_j = _column(dl, cols, j).to(tl.float64)
+            if j == 0:
+                prefix = dl_j
+            else:
+                prefix = prefix + dl_j
+            if (j + 1) % CHUNK == 0:
+                chunk_ends = tl.where(chunk_index == j // CHUNK, prefix, chunk_ends)
+        spread = tl.zeros([GROUPS, 1], dtype=tl.float64)
+        own = tl.zeros([GROUPS, 1], dtype=tl.float64)
+        for c in tl.static_range(NCHUNKS):
+            chunk = NCHUNKS - 1 - c
+            first = CHUNK * chunk
+            outs = tl.zeros([GROUPS, CHUNK], dtype=out_dtype)
+            d_chunk = _bank_chunk(bank_ptr, block_at, 0, n, in_chunk + first)
+            o_chunk = _bank_chunk(bank_ptr, block_at, 1, n, in_chunk + first)
+            q_chunk = _bank_chunk(bank_ptr, block_at, 2, n, in_chunk + first)
+            # the chunk's below, from the bottom, on the sum at the end of the chunk before
+            below_chunk = tl.zeros([GROUPS, CHUNK], dtype=tl.float64)
+            if chunk > 0:
+                prefix = _column(chunk_ends, chunk_index, chunk - 1)
+            for i in tl.static_range(CHUNK):
+                dl_j = _column(dl, cols, first + i).to(tl.float64)
+                if first + i == 0:
+                    prefix = dl_j
+                else:
+                    prefix = prefix + dl_j
+                below_chunk = tl.where(in_chunk == i, prefix - dl_j, below_chunk)
+            for i in tl.static_range(CHUNK):
+                jj = CHUNK - 1 - i
+                j = first + jj
+                x = _column(x_compared, cols, j).to(tl.float64)
+                dl_j = _column(dl, cols, j).to(tl.float64)
+                d = _column(d_chunk, in_chunk, jj)
+                o = _column(o_chunk, in_chunk, jj)
+                q = _column(q_chunk, in_chunk, jj)
+                below = _column(below_chunk, in_chunk, jj)
+                v_spread = (o * (1.0 + dl_j) + q * below) * x
+                v_own = (o - q) * x
+                if j == BLOCK - 1:
+                    spread = v_spread
+                    own = v_own
+                else:
+                    spread = spread + v_spread
+                    own = own + v_own
+                result = (((1.0 + dl_j) * d + o * below) * x + (spread - v_spread)
+                          + dl_j * (own - v_own))
+                out = _finish(result, nf, mean_scale, natural_mean, zero_group, bad, clip_lo,
+                              clip_hi, out_dtype)
+                outs = tl.where(in_chunk == j - first, out, outs)
+            _store_chunk(out_ptr, start, perm, cols, in_chunk, first, outs, n)
+
+
 # No runtime specialisation beyond the argument types: ints equal to 1 or divisible by 16 would
 # otherwise each get their own compilation, and so would pointers that are or are not 16-byte
 # aligned (ragged group starts make vector loads impossible anyway). So the op launches exactly the
-# (dtype, BLOCK, DELTAS) specialisations that aot.py compiles.
+# (dtype, BLOCK, DELTAS) specialisations that aot.py compiles (with SERIAL off; on, with the
+# estimator's arguments constant: _sources.py).
 @triton.jit(do_not_specialize=["num_groups", "num_values", "offsets_stride", "bank_index_len", "k",
                                 "code", "k_margin", "uses_k", "natural_mean", "has_bank", "sorts",
                                 "small_groups", "has_clamp", "mean_scale", "clamp_delta_bits",
@@ -446,7 +648,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
                       clamp_delta_bits: tl.int64, clip_lo_bits: tl.int64, clip_hi_bits: tl.int64,
                       mean_scale, eps_bits: tl.int64,
                       BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr, GROUPS: tl.constexpr,
-                      LANES: tl.constexpr, DELTAS: tl.constexpr):
+                      LANES: tl.constexpr, DELTAS: tl.constexpr, SERIAL: tl.constexpr):
     clamp_delta = _float64_from_bits(clamp_delta_bits)
     clip_lo = _float64_from_bits(clip_lo_bits)
     clip_hi = _float64_from_bits(clip_hi_bits)
@@ -503,170 +705,179 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     block_at = tl.full([GROUPS, 1], -1, tl.int64)
     if has_bank != 0:
         block_at = _bank_block(bank_index_ptr, n, bank_index_len)
-    d = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
-    o = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
-    if ((sorts != 0) & (code != TANG_LOO) & (code != BON_MAX_MEAN) & (code != BON_MAX_SECOND)
-            & (code != MAXK_LOO) & (code != MAXK_LOO_CENTERED) & (code != MAXK_LOO1)):
-        d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
-        o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
-
-    # shifted rewards: every estimator below that is shift-invariant uses y for accuracy (xmin
-    # is taken right after the sort, xtop here: the placements that spill least)
-    xtop = tl.max(tl.where(valid, x_compared, float("-inf")), axis=1)[:, None].to(tl.float64)
-    y = tl.where(valid, x - xmin, 0.0)
-    ysum = _row_sum(y)
-    nm1 = tl.maximum(nf - 1.0, 1.0)
-    ymean = ysum / tl.maximum(nf, 1.0)
-
-    result = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
-    if (code == MAXK) | (code == PASSK):
-        result = _pkpo_s(d, o, x, LANES)
-    elif (code == MAXK_LOO) | (code == MAXK_LOO_CENTERED):
-        # s_j - c max@k(x without j) = s_j - sum_{t<j} B_t x_t - sum_{t>j} Bp_t x_t with
-        # B = c d(n-1, k) and Bp its shift by one rank, c = k/(n-1) or k/n (spec 2.3)
-        # (one table at a time: each is dead once its scan is done)
-        d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
-        o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
-        result = _pkpo_s(d, o, x, LANES)
-        c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
-        if has_bank != 0:
-            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
-        else:
-            below = c * _max_table(rank, n - 1, ksafe, LANES)
-        result = result - _prefix_exclusive(below * x)
-        if has_bank != 0:
-            above = _bank_row(bank_ptr, block_at, 4, n, cols, valid, LANES)
-        else:
-            above = c * _max_table(rank - 1, n - 1, ksafe, LANES)  # the rest-set weight of rank j-1
-        result = result - _suffix_exclusive(above * x, LANES)
-    elif code == MAXK_LOO1:
-        # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
-        # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
-        if has_bank != 0:
-            below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
-            w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
-        else:
-            below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe, LANES) * (kf - 1.0) / rf,
-                             0.0)
-            w1 = tl.where(ksafe == 1, 1.0, 0.0).to(tl.float64)
-        result = -_prefix_exclusive(below * y)  # before d: the two are not alive together
-        if has_bank != 0:
-            d_eff = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
-        else:
-            d_eff = tl.where(ksafe >= 2, _max_table(rank, n, ksafe, LANES), 0.0)
-        # W1 (x_j - mean of the others)/n = W1/(n-1) (y_j - mean of y): one division per group
-        # (0 for a singleton, where the term is 0)
-        w1_per_gap = tl.where(n >= 2, w1 / nm1, 0.0)
-        result = d_eff * y + result + w1_per_gap * (y - ymean)
-    elif code == MAXK_OFFPOLICY:
-        if DELTAS:  # compile-time: only in the kernels that off-policy launches use
-            result, bad = _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp,
-                                              has_bank, bank_ptr, block_at, n, cols, rank, rf, kf,
-                                              d, o, x, LANES)
-    elif code == TANG_LOO:
-        second = _row_sum(tl.where(cols == n - 2, x, 0.0))
-        result = tl.where((cols == n - 1) & (n >= 2), xtop - second, 0.0)
-    elif code == BON_MAX_MEAN:
-        result = tl.where(valid & (x == xtop), y - ymean, 0.0)
-    elif code == BON_MAX_SECOND:
-        second = tl.max(tl.where(valid & (x < xtop), x, float("-inf")), axis=1)[:, None]
-        has_second = second > float("-inf")
-        gap = tl.where(has_second, xtop - second, 0.0)
-        result = tl.where(valid & (x == xtop), gap, 0.0)
-    elif code == BON_MEAN:
-        # z-score of s (spec 3.3; reference.zscore, group_math.h zscore_emit), computed from the
-        # shifted rewards (s shifts by a constant, the z-score does not): a constant group has s
-        # exactly 0, hence exactly 0 output at any eps
-        s_y = tl.where(valid, d * y + _suffix_exclusive(o * y, LANES), 0.0)
-        s_first = _first_column(s_y, cols)
-        dev = tl.where(valid, s_y - (s_first + _row_sum(tl.where(valid, s_y - s_first, 0.0)) /
-                                     tl.maximum(nf, 1.0)), 0.0)
-        std = tl.sqrt(_row_sum(dev * dev) / nm1)
-        scale = tl.max(tl.where(valid, tl.abs(_pkpo_s(d, o, x, LANES)), 0.0), axis=1)[:, None]
-        constant = (std <= ZSCORE_CONSTANT_RTOL * scale) | (n < 2)
-        result = tl.where(constant, 0.0, _over(dev, std + eps))
-    elif code == CHEN_PASSK:
-        # ((n/k) s_i - R) / (sigma + eps) with the failure probabilities (spec 6; the names of
-        # reference.chen_passk and group_math.h): miss_k = 1 - R = C(n-c,k)/C(n,k), and for a
-        # wrong sample miss_rest = 1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table
-        # entries; a_pos = miss_k / (sigma + eps), a_neg = (miss_k - miss_rest) / (sigma + eps)
-        wrong = valid & (x == 0.0)
-        miss_k = _row_sum(tl.where(wrong, d, 0.0))
-        n_wrong = tl.sum(wrong.to(tl.int32), axis=1)[:, None]
-        d_rest = _max_table(rank, n - 1, tl.maximum(ksafe - 1, 1), LANES)
-        miss_rest = tl.where(ksafe == 1, 1.0, _row_sum(tl.where(rank < n_wrong, d_rest, 0.0)))
-        sigma = tl.sqrt((1.0 - miss_k) * miss_k)
-        a_pos = miss_k / (sigma + eps)
-        a_neg = (miss_k - miss_rest) / (sigma + eps)
-        value = tl.where(x == 1.0, a_pos, a_neg)
-        degenerate = (n_wrong == n) | (n_wrong < ksafe)  # R is exactly 0 or 1
-        result = tl.where(degenerate, 0.0, value)
-    elif (code == BON_RLB) | (code == BON_RLB_POS):
-        # Chow BoN-RLB with plug-in p_fail = (n - c)/n, averaged over k-subsets (spec 4); the
-        # names of reference.bon_rlb and group_math.h. Binary rewards; R = pass@k estimate and
-        # 1 - R, both as sums of positive table entries. Sum-scale values: correct_weight =
-        # w_plus R / c, wrong_weight = w_minus (1 - R)/(n - c).
-        c = _row_sum(x)
-        n_minus_c = nf - c
-        R = _row_sum(d * x)
-        one_minus_R = _row_sum(tl.where(valid, d * (1.0 - x), 0.0))
-        p_fail = n_minus_c / tl.maximum(nf, 1.0)
-        log_p = tl.log(tl.where(p_fail > 0.0, p_fail, 1.0))
-        p_km1 = tl.where(ksafe == 1, 1.0, tl.where(p_fail > 0.0, tl.exp((kf - 1.0) * log_p), 0.0))
-        p_k = tl.where(p_fail > 0.0, tl.exp(kf * log_p), 0.0)
-        # 1 - p^k (the reference and group_math.h use -expm1(k log p); the two differ by rounding)
-        one_minus_pk = tl.where(c > 0.0, 1.0 - p_k, 1.0)
-        if code == BON_RLB:
-            w_plus = kf * p_km1 / one_minus_pk
-            w_minus = tl.where(c > 0.0, kf * p_fail / tl.where(c > 0.0, 1.0 - p_fail, 1.0),
-                               float("inf"))
-            wrong_weight = w_minus * one_minus_R / tl.maximum(n_minus_c, 1.0)
-        else:
-            # w_plus = k p^(k-1) / geometric with geometric = (1 - p^k)/(1 - p)
-            w_plus = kf * p_km1 * (1.0 - p_fail) / one_minus_pk
-            wrong_weight = tl.zeros_like(one_minus_R)
-        correct_weight = w_plus * R / tl.maximum(c, 1.0)
-        result = nf * tl.where(x == 1.0, correct_weight, wrong_weight)
-    elif (code == GRPO) | (code == RLOO) | (code == DR_GRPO):
-        # centred on the group's smallest sample (a constant group gives exactly 0) and divided
-        # by a power of two first (exact), so that |x| near the float64 limit neither overflows
-        # the differences nor the squares
-        amax = tl.max(tl.where(valid, tl.abs(x_compared), 0.0), axis=1)[:, None].to(tl.float64)
-        unit = _power_of_two_scale(amax)
-        inv = 1.0 / unit
-        yu = tl.where(valid, x * inv - xmin * inv, 0.0)
-        ysum_u = _row_sum(yu)
-        dev = tl.where(valid, yu - ysum_u / tl.maximum(nf, 1.0), 0.0)
-        if code == GRPO:
-            std = tl.sqrt(_row_sum(dev * dev) / nm1)
-            result = tl.where((n >= 2) & (std > 0.0), _over(dev, std + eps * inv), 0.0)
-        elif code == RLOO:
-            # x - mean of the others = (x - mean) n/(n - 1): one division per group
-            result = tl.where(n >= 2, dev * (nf / nm1 * unit), 0.0)
-        else:
-            result = dev * unit
-    elif code == MAXRL:
-        # (x_j - mean) / mean, mean = x_min + mean(y); 0 when the mean is 0 and for a singleton
-        mean = xmin + ymean
-        result = tl.where((n >= 2) & (mean != 0.0), _over(y - ymean, mean), 0.0)
-
-    # ---- natural scale -> requested scale, small-group zeroing, clip, NaN, cast, scatter back
-    if (mean_scale != 0) & (natural_mean == 0):
-        result = result * nf
-    elif (mean_scale == 0) & (natural_mean != 0):
-        result = _over(result, tl.maximum(nf, 1.0))
-    if has_bank != 0:  # a group size without a bank block
-        bad = bad | ((block_at < 0) & (n >= 1))
-    # zeroing, clip and NaN in the reference's order, as selects among values cast to the output
-    # dtype (_clip_cast): a zeroed group takes the clipped, cast 0
+        bad = bad | ((block_at < 0) & (n >= 1))  # a group size without a bank block
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
-    zero = tl.zeros_like(clip_lo)
-    out = _clip_cast(result, clip_lo, clip_hi, out_dtype)
-    out = tl.where(zero_group, _clip_cast(zero, clip_lo, clip_hi, out_dtype), out)
-    out = tl.where(bad, _cast_like_torch(zero + float("nan"), out_dtype), out)
-    # addressed and gated by the source column: each sample of the group is written exactly once
-    # (the gate reads perm, not src - start: the same, in fewer registers where a thread holds a group)
-    _store(out_ptr + src, out, perm < n, LANES)
+    # where a thread holds its group, the estimators that sum rank tables in one direction go
+    # through it a column at a time (_serial_outputs), with the same arithmetic: in the kernels
+    # compiled per estimator (SERIAL), not in the kernel with every estimator, where that branch
+    # beside all the others would cost registers. (Elsewhere `serial` must stay a constexpr: an
+    # assigned False would become a runtime flag, and the branch would be generated, a column at
+    # a time, for every block.)
+    if LANES & SERIAL:
+        serial = _serial_from_bank(code, has_bank)  # folded where the estimator is a constant
+    else:
+        serial: tl.constexpr = False
+    if serial:
+        dl = x_compared
+        if DELTAS:
+            if code == MAXK_OFFPOLICY:
+                dl, bad = _clamped_deltas(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, LANES)
+        _serial_outputs(code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid, mean_scale,
+                        natural_mean, out_ptr, start, perm, zero_group, bad, clip_lo, clip_hi,
+                        out_dtype, BLOCK, DELTAS)
+    else:
+        d = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
+        o = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
+        if ((sorts != 0) & (code != TANG_LOO) & (code != BON_MAX_MEAN) & (code != BON_MAX_SECOND)
+                & (code != MAXK_LOO) & (code != MAXK_LOO_CENTERED) & (code != MAXK_LOO1)):
+            d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
+            o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
+
+        # shifted rewards: every estimator below that is shift-invariant uses y for accuracy (xmin
+        # is taken right after the sort, xtop here: the placements that spill least)
+        xtop = tl.max(tl.where(valid, x_compared, float("-inf")), axis=1)[:, None].to(tl.float64)
+        y = tl.where(valid, x - xmin, 0.0)
+        ysum = _row_sum(y)
+        nm1 = tl.maximum(nf - 1.0, 1.0)
+        ymean = ysum / tl.maximum(nf, 1.0)
+
+        result = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
+        if (code == MAXK) | (code == PASSK):
+            result = _pkpo_s(d, o, x, LANES)
+        elif (code == MAXK_LOO) | (code == MAXK_LOO_CENTERED):
+            # s_j - c max@k(x without j) = s_j - sum_{t<j} B_t x_t - sum_{t>j} Bp_t x_t with
+            # B = c d(n-1, k) and Bp its shift by one rank, c = k/(n-1) or k/n (spec 2.3)
+            # (one table at a time: each is dead once its scan is done)
+            d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
+            o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
+            result = _pkpo_s(d, o, x, LANES)
+            c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
+            if has_bank != 0:
+                below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
+            else:
+                below = c * _max_table(rank, n - 1, ksafe, LANES)
+            result = result - _prefix_exclusive(below * x)
+            if has_bank != 0:
+                above = _bank_row(bank_ptr, block_at, 4, n, cols, valid, LANES)
+            else:
+                above = c * _max_table(rank - 1, n - 1, ksafe, LANES)  # the rest-set weight of rank j-1
+            result = result - _suffix_exclusive(above * x, LANES)
+        elif code == MAXK_LOO1:
+            # D_j y_j - sum_{t<j} B_t y_t + W1 (y_j - mean of others)/n (spec 2.4): a single k >= 2
+            # has B_t = o_{t+1}, W1 = 0; k = 1 has D = B = 0, W1 = 1
+            if has_bank != 0:
+                below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
+                w1 = tl.load(bank_ptr + tl.maximum(block_at, 0) + 5 * n, mask=block_at >= 0, other=0.0)
+            else:
+                below = tl.where(ksafe >= 2, _max_table(rank + 1, n, ksafe, LANES) * (kf - 1.0) / rf,
+                                 0.0)
+                w1 = tl.where(ksafe == 1, 1.0, 0.0).to(tl.float64)
+            result = -_prefix_exclusive(below * y)  # before d: the two are not alive together
+            if has_bank != 0:
+                d_eff = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
+            else:
+                d_eff = tl.where(ksafe >= 2, _max_table(rank, n, ksafe, LANES), 0.0)
+            # W1 (x_j - mean of the others)/n = W1/(n-1) (y_j - mean of y): one division per group
+            # (0 for a singleton, where the term is 0)
+            w1_per_gap = tl.where(n >= 2, w1 / nm1, 0.0)
+            result = d_eff * y + result + w1_per_gap * (y - ymean)
+        elif code == MAXK_OFFPOLICY:
+            if DELTAS:  # compile-time: only in the kernels that off-policy launches use
+                result, bad = _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp,
+                                                  has_bank, bank_ptr, block_at, n, cols, rank, rf, kf,
+                                                  d, o, x, LANES)
+        elif code == TANG_LOO:
+            second = _row_sum(tl.where(cols == n - 2, x, 0.0))
+            result = tl.where((cols == n - 1) & (n >= 2), xtop - second, 0.0)
+        elif code == BON_MAX_MEAN:
+            result = tl.where(valid & (x == xtop), y - ymean, 0.0)
+        elif code == BON_MAX_SECOND:
+            second = tl.max(tl.where(valid & (x < xtop), x, float("-inf")), axis=1)[:, None]
+            has_second = second > float("-inf")
+            gap = tl.where(has_second, xtop - second, 0.0)
+            result = tl.where(valid & (x == xtop), gap, 0.0)
+        elif code == BON_MEAN:
+            # z-score of s (spec 3.3; reference.zscore, group_math.h zscore_emit), computed from the
+            # shifted rewards (s shifts by a constant, the z-score does not): a constant group has s
+            # exactly 0, hence exactly 0 output at any eps
+            s_y = tl.where(valid, d * y + _suffix_exclusive(o * y, LANES), 0.0)
+            s_first = _first_column(s_y, cols)
+            dev = tl.where(valid, s_y - (s_first + _row_sum(tl.where(valid, s_y - s_first, 0.0)) /
+                                         tl.maximum(nf, 1.0)), 0.0)
+            std = tl.sqrt(_row_sum(dev * dev) / nm1)
+            scale = tl.max(tl.where(valid, tl.abs(_pkpo_s(d, o, x, LANES)), 0.0), axis=1)[:, None]
+            constant = (std <= ZSCORE_CONSTANT_RTOL * scale) | (n < 2)
+            result = tl.where(constant, 0.0, _over(dev, std + eps))
+        elif code == CHEN_PASSK:
+            # ((n/k) s_i - R) / (sigma + eps) with the failure probabilities (spec 6; the names of
+            # reference.chen_passk and group_math.h): miss_k = 1 - R = C(n-c,k)/C(n,k), and for a
+            # wrong sample miss_rest = 1 - (n/k) s_i = C(n-1-c,k-1)/C(n-1,k-1), each a sum of table
+            # entries; a_pos = miss_k / (sigma + eps), a_neg = (miss_k - miss_rest) / (sigma + eps)
+            wrong = valid & (x == 0.0)
+            miss_k = _row_sum(tl.where(wrong, d, 0.0))
+            n_wrong = tl.sum(wrong.to(tl.int32), axis=1)[:, None]
+            d_rest = _max_table(rank, n - 1, tl.maximum(ksafe - 1, 1), LANES)
+            miss_rest = tl.where(ksafe == 1, 1.0, _row_sum(tl.where(rank < n_wrong, d_rest, 0.0)))
+            sigma = tl.sqrt((1.0 - miss_k) * miss_k)
+            a_pos = miss_k / (sigma + eps)
+            a_neg = (miss_k - miss_rest) / (sigma + eps)
+            value = tl.where(x == 1.0, a_pos, a_neg)
+            degenerate = (n_wrong == n) | (n_wrong < ksafe)  # R is exactly 0 or 1
+            result = tl.where(degenerate, 0.0, value)
+        elif (code == BON_RLB) | (code == BON_RLB_POS):
+            # Chow BoN-RLB with plug-in p_fail = (n - c)/n, averaged over k-subsets (spec 4); the
+            # names of reference.bon_rlb and group_math.h. Binary rewards; R = pass@k estimate and
+            # 1 - R, both as sums of positive table entries. Sum-scale values: correct_weight =
+            # w_plus R / c, wrong_weight = w_minus (1 - R)/(n - c).
+            c = _row_sum(x)
+            n_minus_c = nf - c
+            R = _row_sum(d * x)
+            one_minus_R = _row_sum(tl.where(valid, d * (1.0 - x), 0.0))
+            p_fail = n_minus_c / tl.maximum(nf, 1.0)
+            log_p = tl.log(tl.where(p_fail > 0.0, p_fail, 1.0))
+            p_km1 = tl.where(ksafe == 1, 1.0, tl.where(p_fail > 0.0, tl.exp((kf - 1.0) * log_p), 0.0))
+            p_k = tl.where(p_fail > 0.0, tl.exp(kf * log_p), 0.0)
+            # 1 - p^k (the reference and group_math.h use -expm1(k log p); the two differ by rounding)
+            one_minus_pk = tl.where(c > 0.0, 1.0 - p_k, 1.0)
+            if code == BON_RLB:
+                w_plus = kf * p_km1 / one_minus_pk
+                w_minus = tl.where(c > 0.0, kf * p_fail / tl.where(c > 0.0, 1.0 - p_fail, 1.0),
+                                   float("inf"))
+                wrong_weight = w_minus * one_minus_R / tl.maximum(n_minus_c, 1.0)
+            else:
+                # w_plus = k p^(k-1) / geometric with geometric = (1 - p^k)/(1 - p)
+                w_plus = kf * p_km1 * (1.0 - p_fail) / one_minus_pk
+                wrong_weight = tl.zeros_like(one_minus_R)
+            correct_weight = w_plus * R / tl.maximum(c, 1.0)
+            result = nf * tl.where(x == 1.0, correct_weight, wrong_weight)
+        elif (code == GRPO) | (code == RLOO) | (code == DR_GRPO):
+            # centred on the group's smallest sample (a constant group gives exactly 0) and divided
+            # by a power of two first (exact), so that |x| near the float64 limit neither overflows
+            # the differences nor the squares
+            amax = tl.max(tl.where(valid, tl.abs(x_compared), 0.0), axis=1)[:, None].to(tl.float64)
+            unit = _power_of_two_scale(amax)
+            inv = 1.0 / unit
+            yu = tl.where(valid, x * inv - xmin * inv, 0.0)
+            ysum_u = _row_sum(yu)
+            dev = tl.where(valid, yu - ysum_u / tl.maximum(nf, 1.0), 0.0)
+            if code == GRPO:
+                std = tl.sqrt(_row_sum(dev * dev) / nm1)
+                result = tl.where((n >= 2) & (std > 0.0), _over(dev, std + eps * inv), 0.0)
+            elif code == RLOO:
+                # x - mean of the others = (x - mean) n/(n - 1): one division per group
+                result = tl.where(n >= 2, dev * (nf / nm1 * unit), 0.0)
+            else:
+                result = dev * unit
+        elif code == MAXRL:
+            # (x_j - mean) / mean, mean = x_min + mean(y); 0 when the mean is 0 and for a singleton
+            mean = xmin + ymean
+            result = tl.where((n >= 2) & (mean != 0.0), _over(y - ymean, mean), 0.0)
+
+        # ---- natural scale -> requested scale, small-group zeroing, clip, NaN, cast (_finish)
+        out = _finish(result, nf, mean_scale, natural_mean, zero_group, bad, clip_lo, clip_hi, out_dtype)
+        # addressed and gated by the source column: each sample of the group is written exactly once
+        # (the gate reads perm, not src - start: the same, in fewer registers where a thread holds a group)
+        _store(out_ptr + src, out, perm < n, LANES)
 
     # ---- the rest of a group larger than BLOCK (only with an undersized max_group_size)
     rest_end = tl.max(tl.where(oversize_g, n_all_g, 0), axis=0)

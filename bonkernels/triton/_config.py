@@ -27,6 +27,14 @@ OWN_KERNEL_LANE_MAX_BLOCK = 32
 # BLOCK = 64, test_triton.py checks it for every centred estimator). grpo there issues 69
 # instructions per sample against 560 in the spread layout (static counts).
 CENTRED_LANE_MAX_BLOCK = 64
+# From a bank, the estimators that sum rank tables in one direction go through a group a column at
+# a time where a thread holds it (the kernel's `_serial_from_bank` and `_serial_outputs`), with
+# the tables read a few columns at a time: no whole table is alive. Their own kernels then keep a
+# thread per group up to these blocks, off-policy included, without a spill (sm_90, float32;
+# test_triton.py checks it). At BLOCK = 64 maxk_loo1 would spill 24 bytes and maxk_offpolicy
+# 768, so they stop at 32. Static counts (sm_90): maxk_offpolicy at 32 issues 111 instructions
+# per sample against 604 in the spread layout; maxk at 64, 107 against 538.
+SERIAL_LANE_MAX_BLOCK = {"maxk": 64, "passk": 64, "maxk_loo1": 32, "maxk_offpolicy": 32}
 # Whether launches take the blocks above LANE_MAX_BLOCK as lanes: None, when they run their own
 # kernel (above); True, always (the interpreter's tests, and the GPU check's kernel with every
 # estimator, which must give the same bits); False, never. See `own_kernel_lanes`.
@@ -42,6 +50,12 @@ LANE_MIN_GROUPS = 8192
 # (`specialised_kernels(False)`): the kernel with every estimator, which torch.compile's traced
 # launches always take.
 SPECIALISED_KERNELS = True
+# SERIAL (the kernel's constexpr) compiles the column-at-a-time path of SERIAL_LANE_MAX_BLOCK's
+# estimators: on in the kernels compiled per estimator, off in the kernel with every estimator
+# on a GPU. Under the interpreter (CPU tensors) that kernel takes it too: the interpreter has no
+# registers to save, and CPU tests then run the code that a GPU launch of those estimators runs.
+# `interpreter_serial(False)` runs the tile code there instead (a test compares the two, bit for bit).
+INTERPRETER_SERIAL = True
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
                       torch.float64: "fp64"}
@@ -77,11 +91,12 @@ def block_for(max_group_size: int) -> int:
 
 
 def config_for(block: int, deltas: bool, num_groups: int, own_kernel: bool = False,
-               centred: bool = False) -> LaunchConfig:
+               centred: bool = False, serial_block: int = 0) -> LaunchConfig:
     """The launch of `num_groups` groups in a block: a thread per group only from
-    LANE_MIN_GROUPS groups up (read at each call: `lane_threshold` changes it); `own_kernel` and
-    `centred`: see `lanes_up_to`."""
-    return config_for_block(block, deltas, bool(num_groups >= LANE_MIN_GROUPS), own_kernel, centred)
+    LANE_MIN_GROUPS groups up (read at each call: `lane_threshold` changes it); `own_kernel`,
+    `centred` and `serial_block`: see `lanes_up_to`."""
+    return config_for_block(block, deltas, bool(num_groups >= LANE_MIN_GROUPS), own_kernel, centred,
+                            serial_block)
 
 
 def takes_own_kernel_lanes(runs_own_kernel: bool, dtype: torch.dtype) -> bool:
@@ -92,19 +107,27 @@ def takes_own_kernel_lanes(runs_own_kernel: bool, dtype: torch.dtype) -> bool:
     return runs_own_kernel and dtype != torch.float64
 
 
-def lanes_up_to(deltas: bool, own_kernel: bool, centred: bool = False) -> int:
-    """The largest block a launch runs with a thread per group: for an on-policy launch with
-    `own_kernel` (see takes_own_kernel_lanes), CENTRED_LANE_MAX_BLOCK when its estimator is
-    `centred` (the registry's field) and OWN_KERNEL_LANE_MAX_BLOCK otherwise; LANE_MAX_BLOCK for
-    any other launch."""
-    if not own_kernel or deltas:
+def lanes_up_to(deltas: bool, own_kernel: bool, centred: bool = False, serial_block: int = 0) -> int:
+    """The largest block a launch runs with a thread per group. With `own_kernel` (see
+    takes_own_kernel_lanes): `serial_block` (serial_lanes_up_to) where that is larger; else, on
+    policy, CENTRED_LANE_MAX_BLOCK when the estimator is `centred` (the registry's field) and
+    OWN_KERNEL_LANE_MAX_BLOCK otherwise. LANE_MAX_BLOCK for any other launch."""
+    if not own_kernel:
         return LANE_MAX_BLOCK
-    return CENTRED_LANE_MAX_BLOCK if centred else OWN_KERNEL_LANE_MAX_BLOCK
+    if deltas:
+        return max(LANE_MAX_BLOCK, serial_block)
+    return max(CENTRED_LANE_MAX_BLOCK if centred else OWN_KERNEL_LANE_MAX_BLOCK, serial_block)
 
 
-def estimator_lanes_up_to(est, own_kernel: bool = True) -> int:
-    """lanes_up_to for a registry entry: from its deltas and whether it is centred."""
-    return lanes_up_to(est.needs_deltas, own_kernel, est.centred)
+def serial_lanes_up_to(est, has_bank: bool) -> int:
+    """SERIAL_LANE_MAX_BLOCK of a registry entry called from a bank; 0 otherwise."""
+    return SERIAL_LANE_MAX_BLOCK.get(est.name, 0) if has_bank else 0
+
+
+def estimator_lanes_up_to(est, own_kernel: bool = True, has_bank: bool = False) -> int:
+    """lanes_up_to for a registry entry: from its deltas, whether it is centred, and whether it
+    is called from a bank."""
+    return lanes_up_to(est.needs_deltas, own_kernel, est.centred, serial_lanes_up_to(est, has_bank))
 
 
 @contextlib.contextmanager
@@ -121,7 +144,7 @@ def lane_threshold(min_groups: int):
 
 @contextlib.contextmanager
 def own_kernel_lanes(enabled):
-    """Launches in this context take the blocks up to OWN_KERNEL_LANE_MAX_BLOCK as lanes always
+    """Launches in this context take the blocks up to their lanes_up_to as lanes always
     (True), never (False), or when they run their own kernel (None, the default)."""
     global OWN_KERNEL_LANES
     saved, OWN_KERNEL_LANES = OWN_KERNEL_LANES, enabled
@@ -143,15 +166,33 @@ def specialised_kernels(enabled: bool):
         SPECIALISED_KERNELS = saved
 
 
+def serial_on(values: torch.Tensor) -> bool:
+    """SERIAL for a launch of the kernel with every estimator on these values (see INTERPRETER_SERIAL)."""
+    return INTERPRETER_SERIAL and not values.is_cuda
+
+
+@contextlib.contextmanager
+def interpreter_serial(enabled: bool):
+    """Under the interpreter, launches in this context run the column-at-a-time path (True) or
+    the tile code (False)."""
+    global INTERPRETER_SERIAL
+    saved, INTERPRETER_SERIAL = INTERPRETER_SERIAL, bool(enabled)
+    try:
+        yield
+    finally:
+        INTERPRETER_SERIAL = saved
+
+
 @functools.lru_cache(maxsize=None)
 def config_for_block(block: int, deltas: bool = True, lanes: bool = True,
-                     own_kernel: bool = False, centred: bool = False) -> LaunchConfig:
+                     own_kernel: bool = False, centred: bool = False,
+                     serial_block: int = 0) -> LaunchConfig:
     """The launch of a block; `deltas`: whether the estimator reads deltas (only the
     thread-per-group kernels leave the off-policy branch out when it does not); `lanes`: whether
-    a thread per group may be used (the batch has enough groups, see config_for); `own_kernel`
-    and `centred`: whether an on-policy launch may take lanes above LANE_MAX_BLOCK, and up to
-    which block (lanes_up_to)."""
-    if lanes and block <= lanes_up_to(deltas, own_kernel, centred):
+    a thread per group may be used (the batch has enough groups, see config_for); `own_kernel`,
+    `centred` and `serial_block`: whether a launch may take lanes above LANE_MAX_BLOCK, and up
+    to which block (lanes_up_to)."""
+    if lanes and block <= lanes_up_to(deltas, own_kernel, centred, serial_block):
         # one group per thread, a group's tables, sort and scans in its registers
         return LaunchConfig(block, 32 * LANE_WARPS, LANE_WARPS, True, deltas)
     # at least 512 elements per program, 2-4 per thread: many warps keep the sort's code small

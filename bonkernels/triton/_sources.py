@@ -19,10 +19,13 @@ at BLOCK = 4096) and keeps it (`python -m bonkernels.triton.aot --estimators` co
   kernel with every estimator spills about 2 KB a thread; some estimators' own kernels spill there
   too (maxk_loo up to 376 bytes loaded), and test_triton.py bounds it. The centred estimators' own
   kernels (grpo, rloo, dr_grpo, maxrl), which neither sort nor build tables, keep a thread per
-  group at BLOCK = 64 as well (_config.CENTRED_LANE_MAX_BLOCK), without a spill. Off-policy lane
-  launches (maxk_offpolicy, up to BLOCK = 16) fit without a spill at 16, where the kernel with
-  every estimator spills 76/144 bytes stored/loaded. The kernel with every estimator never takes
-  lanes above 32, so the GPU check compares the centred kernels at 64 with float64 only.
+  group at BLOCK = 64 as well (_config.CENTRED_LANE_MAX_BLOCK), without a spill. From a bank,
+  maxk, passk, maxk_loo1 and maxk_offpolicy go through a group one column at a time in their own
+  kernels (SERIAL, the kernel's constexpr: the kernel with every estimator keeps its tile code),
+  so none of them spills in lanes, and they keep a thread per group further
+  (_config.SERIAL_LANE_MAX_BLOCK: maxk_offpolicy to 32, where the kernel with every estimator
+  spills 2.7 KB a thread; maxk and passk to 64). The kernel with every estimator never takes
+  lanes above 32, so the GPU check compares the kernels at 64 with float64 only.
 * A group spread over threads (small batches, larger blocks): the kernel with every estimator
   takes 128 registers and spills at BLOCK = 64, 128 and 1024 (4/4, 12/12 and 20/36 bytes), where
   every estimator's own kernel fits without a spill up to BLOCK = 1024, in 32-128 registers
@@ -81,7 +84,7 @@ def signature(dtype_name: str, constants: Optional[EstimatorConstants] = None) -
         "clamp_delta_bits": "i64", "clip_lo_bits": "i64", "clip_hi_bits": "i64",
         "mean_scale": "i32", "eps_bits": "i64",
         "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr", "GROUPS": "constexpr",
-        "LANES": "constexpr", "DELTAS": "constexpr",
+        "LANES": "constexpr", "DELTAS": "constexpr", "SERIAL": "constexpr",
     }
     if constants is not None:
         types.update({name: "constexpr" for name in ESTIMATOR_ARGUMENTS})
@@ -97,7 +100,8 @@ def source(dtype_name: str, config: _config.LaunchConfig,
 
     from ._advantages_kernel import advantages_kernel
 
-    constexprs = dict(config.constexprs(), **(constants.as_dict() if constants is not None else {}))
+    constexprs = dict(config.constexprs(), SERIAL=constants is not None,
+                      **(constants.as_dict() if constants is not None else {}))
     return ASTSource(fn=advantages_kernel, signature=signature(dtype_name, constants),
                      constexprs=constexprs)
 

@@ -60,7 +60,7 @@ def launch_arguments(values, offsets, deltas, out, k, code, clamp_delta, clip_lo
     """(grid, positional arguments, keyword arguments) of the kernel launch."""
     launch, config, grid, args = _prepared(values, offsets, deltas, out, k, code, clamp_delta, clip_lo,
                                            clip_hi, mean_scale, small_groups, eps, block, bank, bank_index)
-    return grid, args, dict(launch.kwargs(config))
+    return grid, args, dict(launch.kwargs(config, _config.serial_on(values)))
 
 
 def _prepared(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi, mean_scale,
@@ -91,6 +91,7 @@ class PreparedLaunch:
         self.block = block
         self.has_bank = has_bank
         self.constants = _sources.constants_of(est, has_bank)
+        self.serial_block = _config.serial_lanes_up_to(est, has_bank)
         self.scalars = ((int(k),) + self.constants.values()
                         + (int(small_groups), int(clamp_delta is not None),
                            float64_bits(clamp_delta if clamp_delta is not None else 0.0),
@@ -102,15 +103,16 @@ class PreparedLaunch:
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
-    def kwargs(config: _config.LaunchConfig) -> dict:
-        """The launch options and constexprs of a configuration (Triton's keyword arguments)."""
-        return dict(num_warps=config.num_warps, **config.constexprs())
+    def kwargs(config: _config.LaunchConfig, serial: bool = False) -> dict:
+        """The launch options and constexprs of a configuration (Triton's keyword arguments) for
+        the kernel with every estimator; `serial`: its SERIAL (_config.serial_on)."""
+        return dict(num_warps=config.num_warps, SERIAL=serial, **config.constexprs())
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
-    def constexpr_values(config: _config.LaunchConfig) -> tuple:
+    def constexpr_values(config: _config.LaunchConfig, serial: bool = False) -> tuple:
         """The constexprs as the compiled launcher takes them: after the others, in signature order."""
-        kwargs = PreparedLaunch.kwargs(config)
+        kwargs = PreparedLaunch.kwargs(config, serial)
         return tuple(kwargs[name] for name in advantages_kernel.arg_names if name in kwargs)
 
     def arguments(self, values, offsets, deltas, out, bank, bank_index, traced=False):
@@ -120,7 +122,7 @@ class PreparedLaunch:
         own_kernel = runs_own_kernel(values.is_cuda, num_groups, traced)
         config = _config.config_for(self.block, self.est.needs_deltas, num_groups,
                                     _config.takes_own_kernel_lanes(own_kernel, values.dtype),
-                                    self.est.centred)
+                                    self.est.centred, self.serial_block)
         # Tensors the kernel does not read still need a pointer of the right type: deltas only for
         # the off-policy estimators, the bank only in bank mode.
         deltas_arg = deltas if self.est.needs_deltas else values
@@ -143,14 +145,18 @@ class PreparedLaunch:
             compiled = self._compiled[key] = specialised_kernel(
                 key[0], _config.TRITON_DTYPE_NAMES[values.dtype], config, self.constants)
         hooks = _launch_hooks_set()
+        serial = _config.serial_on(values)
         if compiled is None or (hooks and not specialised):
             with _launch_guard(values):
-                compiled = advantages_kernel[grid](*args, **self.kwargs(config))
-            if fits and _directly_launchable(compiled, len(args) + len(self.constexpr_values(config))):
+                compiled = advantages_kernel[grid](*args, **self.kwargs(config, serial))
+            launchable = _directly_launchable(compiled, len(args) + len(self.constexpr_values(config, serial)))
+            if fits and launchable:
                 self._compiled[key] = compiled
             return
         index = key[0]
-        arguments = args + self.constexpr_values(config)
+        # (a kernel compiled for the estimator takes SERIAL on; the one Triton's launch compiled
+        # has it as passed)
+        arguments = args + self.constexpr_values(config, specialised or serial)
         with _config.device_guard(values) if torch._C._cuda_getDevice() != index else nullcontext():
             stream = torch._C._cuda_getCurrentRawStream(index)
             if specialised:
@@ -215,7 +221,7 @@ def _launch(values, offsets, deltas, out, k, code, clamp_delta, clip_lo, clip_hi
         launch.launch(config, grid, args, values)
         return
     with _launch_guard(values):  # traced by torch.compile: the generic kernel, Triton's launch
-        wrap(advantages_kernel)[grid](*args, **launch.kwargs(config))
+        wrap(advantages_kernel)[grid](*args, **launch.kwargs(config, _config.serial_on(values)))
 
 
 def _launch_guard(values):

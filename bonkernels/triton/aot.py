@@ -59,11 +59,12 @@ def estimator_specialisations(dtype_name: str = "fp32", lanes: bool = True) -> l
     specs = []
     for block in _config.all_blocks():
         for est in _facts.kernel_estimators():
-            config = _config.config_for_block(block, est.needs_deltas, lanes, own_kernel=own_kernel_lanes,
-                                              centred=est.centred)
-            if config.lanes != lanes:
-                continue  # above the lane blocks: the spread kernels of the small batches
             for has_bank in (False, True) if _facts.linear_in_tables(est) else (False,):
+                config = _config.config_for_block(block, est.needs_deltas, lanes, own_kernel=own_kernel_lanes,
+                                                  centred=est.centred,
+                                                  serial_block=_config.serial_lanes_up_to(est, has_bank))
+                if config.lanes != lanes:
+                    continue  # above the lane blocks: the spread kernels of the small batches
                 specs.append(Specialisation(dtype_name, config, _sources.constants_of(est, has_bank)))
     return specs
 
