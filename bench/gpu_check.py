@@ -479,8 +479,8 @@ def section_triton(ctx):
 
 
 def _serial_lanes_from_a_bank(ctx, block, ragged):
-    """From a bank, _config.SERIAL_LANE_MAX_BLOCK's estimators go through a group a column at a
-    time, in their own kernels, with a thread per group up to that block (maxk_offpolicy at 32,
+    """From a bank, the registry's `one_pass` estimators go through a group a column at a
+    time, in their own kernels, with a thread per group up to _config.serial_lanes_up_to (maxk_offpolicy at 32,
     maxk and passk at 64): one k's bank on a ragged batch in that layout, against the float64
     reference and, on a GPU up to block 32, bit for bit against the kernel with every estimator
     in the same layout (its tile code)."""
@@ -489,8 +489,8 @@ def _serial_lanes_from_a_bank(ctx, block, ragged):
 
     torch = ctx.torch
     natives = {e.name for e in ctx.natives}
-    for name, top in sorted(_config.SERIAL_LANE_MAX_BLOCK.items()):
-        est = ctx.estimators.get(name)
+    for est in [e for e in ctx.natives if getattr(e, "one_pass", False)]:
+        name, top = est.name, _config.serial_lanes_up_to(est, True)
         if block > top or name not in natives or (ctx.quick and name not in ("maxk", "maxk_offpolicy")):
             continue
         # (bfloat16 for the estimators the cache fill compiles at every dtype)

@@ -31,6 +31,10 @@ Fields of :class:`Estimator`:
   (the native kernels' centred set and vector packs, the Triton kernel's widest lanes).
 * ``linear_in_tables``: the weights are linear in the weight tables d, o, q, so a mixture over
   k (``k_weights``) is exact for the estimator (spec 12).
+* ``one_pass``: linear in its tables, and from a bank its weights are rank tables times the sorted
+  rewards summed in one direction (maxk_offpolicy's with the deltas' prefix sum): one pass over
+  the sorted group computes them. The Triton lane kernels then go through a group a column at a
+  time (the CPU pack executor's sorted packs and the CUDA kWide sets take the same calls).
 * ``backends``: the backends that implement the estimator (the reference, ``"torch"``, implements
   every one).
 * ``spec``: the section of ``docs/spec.md`` that defines the estimator (a test checks that it is
@@ -61,6 +65,7 @@ class Estimator:
     order_free: bool = False
     centred: bool = False
     linear_in_tables: bool = False
+    one_pass: bool = False
     backends: Tuple[str, ...] = ALL_BACKENDS
     spec: str = ""
     summary: str = ""
@@ -75,20 +80,20 @@ BON_RLB_DEFAULT_CLIP = (-100.0, 100.0)
 
 
 _ENTRIES = (
-    Estimator("maxk", 0, "sum", unbiased=True, linear_in_tables=True, spec="2.2",
+    Estimator("maxk", 0, "sum", unbiased=True, linear_in_tables=True, one_pass=True, spec="2.2",
               summary="PKPO s_i = Bagirov on-policy max@k weights"),
     Estimator("maxk_loo", 1, "sum", k_margin=1, unbiased=True, linear_in_tables=True, spec="2.3",
               summary="PKPO s^(loo), as in the paper (not centered)"),
     Estimator("maxk_loo_centered", 2, "sum", k_margin=1, unbiased=True, linear_in_tables=True, spec="2.3",
               summary="centered leave-one-out: s_i - (k/n) max@k(others)"),
-    Estimator("maxk_loo1", 3, "sum", unbiased=True, linear_in_tables=True, spec="2.4",
+    Estimator("maxk_loo1", 3, "sum", unbiased=True, linear_in_tables=True, one_pass=True, spec="2.4",
               summary="PKPO s^(loo-1); k = 1: (g_i - mean of others)/n"),
-    Estimator("maxk_offpolicy", 4, "sum", needs_deltas=True, linear_in_tables=True, spec="3.2",
+    Estimator("maxk_offpolicy", 4, "sum", needs_deltas=True, linear_in_tables=True, one_pass=True, spec="3.2",
               summary="Bagirov first-order off-policy max@k weights"),
     Estimator("maxk_offpolicy_exact", 5, "sum", needs_deltas=True, unbiased=True, linear_in_tables=True,
               backends=("torch",), spec="3.4",
               summary="exact product-of-ratios off-policy max@k weights"),
-    Estimator("passk", 6, "sum", binary=True, unbiased=True, linear_in_tables=True, spec="2.1",
+    Estimator("passk", 6, "sum", binary=True, unbiased=True, linear_in_tables=True, one_pass=True, spec="2.1",
               summary="PKPO binary effective rewards"),
     Estimator("tang_loo", 7, "sum", uses_k=False, unbiased=True, spec="5",
               summary="max - max of the others (the k = n case)"),
@@ -155,6 +160,7 @@ def _check_registry() -> None:
         assert "torch" in e.backends and set(e.backends) <= set(ALL_BACKENDS), e.name
         assert not (e.linear_in_tables and not e.uses_k), e.name
         assert not e.centred or (e.order_free and not e.uses_k and not e.needs_deltas), e.name
+        assert not e.one_pass or (e.linear_in_tables and e.k_margin == 0), e.name
         assert e.spec and e.summary, e.name
         assert e.default_clip is None or (len(e.default_clip) == 2 and e.default_clip[0] <= e.default_clip[1]), e.name
 

@@ -79,7 +79,7 @@ def test_generic_kernel_takes_the_blocks_of_the_estimators_own_kernels():
         assert _config.config_for_block(_config.OWN_KERNEL_LANE_MAX_BLOCK, False, own_kernel=own).lanes
     assert _config.SPECIALISED_KERNELS and _config.OWN_KERNEL_LANES is None
     # (the table's [G, n] calls read one k's bank: maxk_offpolicy's own kernel goes a column at a time)
-    assert gl._lane_max_block("maxk_offpolicy") == _config.SERIAL_LANE_MAX_BLOCK["maxk_offpolicy"] == 32
+    assert gl._lane_max_block("maxk_offpolicy") == _config.OWN_KERNEL_LANE_MAX_BLOCK == 32
     assert gl._lane_max_block("maxk_loo1") == _config.OWN_KERNEL_LANE_MAX_BLOCK
     assert gl._lane_max_block("grpo") == _config.CENTRED_LANE_MAX_BLOCK  # a centred estimator
     assert gl._generic_lane_max_block() == _config.OWN_KERNEL_LANE_MAX_BLOCK

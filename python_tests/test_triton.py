@@ -291,7 +291,7 @@ def test_own_kernel_lanes_reach_block_32_on_policy_for_narrow_rewards():
 
 
 def test_serial_estimators_keep_lanes_to_their_blocks_from_a_bank():
-    """From a bank, SERIAL_LANE_MAX_BLOCK's estimators go through a group a column at a time where
+    """From a bank, the registry's one_pass estimators go through a group a column at a time where
     a thread holds it (the kernel's _serial_from_bank names the same set, and only from a bank),
     so their own kernels keep a thread per group up to that block, off-policy included; without
     a bank, or without their own kernel, the blocks of the others."""
@@ -300,12 +300,14 @@ def test_serial_estimators_keep_lanes_to_their_blocks_from_a_bank():
 
     for est in _facts.kernel_estimators():
         code = tl.constexpr(est.code)
-        assert bool(kernel._serial_from_bank.fn(code, tl.constexpr(1))) == (est.name in _config.SERIAL_LANE_MAX_BLOCK)
+        assert bool(kernel._serial_from_bank.fn(code, tl.constexpr(1))) == est.one_pass
         assert not kernel._serial_from_bank.fn(code, tl.constexpr(0))
         assert _config.serial_lanes_up_to(est, False) == 0
-        assert _config.serial_lanes_up_to(est, True) == _config.SERIAL_LANE_MAX_BLOCK.get(est.name, 0)
-    for name, top in _config.SERIAL_LANE_MAX_BLOCK.items():
-        est = estimators.get(name)
+        assert (_config.serial_lanes_up_to(est, True) > 0) == est.one_pass
+    assert set(_config.SERIAL_SPILL_ABOVE_32) <= {e.name for e in _facts.kernel_estimators() if e.one_pass}
+    for est in [e for e in _facts.kernel_estimators() if e.one_pass]:
+        top = _config.serial_lanes_up_to(est, True)
+        assert top == (32 if est.name in _config.SERIAL_SPILL_ABOVE_32 else _config.SERIAL_LANE_MAX_BLOCK)
         assert _facts.linear_in_tables(est) and top > _config.LANE_MAX_BLOCK
         assert _config.estimator_lanes_up_to(est, has_bank=True) == top >= _config.estimator_lanes_up_to(est)
         assert _config.estimator_lanes_up_to(est, own_kernel=False, has_bank=True) == _config.LANE_MAX_BLOCK
@@ -408,7 +410,7 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
     may spill: less than the kernel with every estimator, and within OWN_KERNEL_SPILL_PER_SAMPLE.
     Above OWN_KERNEL_LANE_MAX_BLOCK only the centred estimators and maxk and passk from a bank
     run lanes, and without a spill. The kernels that go through a group a column at a time
-    (SERIAL_LANE_MAX_BLOCK's, from a bank) never spill, maxk_offpolicy at 32 included."""
+    (the registry's one_pass estimators, from a bank) never spill, maxk_offpolicy at 32 included."""
     import re
 
     from bonkernels.triton import _facts, aot
@@ -423,10 +425,10 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
     widest = [s for s in specs if s.config.block > _config.OWN_KERNEL_LANE_MAX_BLOCK]
     assert {estimators.BY_CODE[s.constants.code].name for s in widest} == {
         e.name for e in _facts.kernel_estimators() if e.centred} | {
-        name for name, top in _config.SERIAL_LANE_MAX_BLOCK.items() if top > _config.OWN_KERNEL_LANE_MAX_BLOCK}
+        e.name for e in _facts.kernel_estimators() if _config.serial_lanes_up_to(e, True) > _config.OWN_KERNEL_LANE_MAX_BLOCK}
     serial = [s for s in specs if s.constants.has_bank
-              and estimators.BY_CODE[s.constants.code].name in _config.SERIAL_LANE_MAX_BLOCK]
-    assert max(s.config.block for s in serial if s.config.deltas) == _config.SERIAL_LANE_MAX_BLOCK["maxk_offpolicy"]
+              and estimators.BY_CODE[s.constants.code].one_pass]
+    assert max(s.config.block for s in serial if s.config.deltas) == 32  # maxk_offpolicy
     for spec, line in zip(specs, lines):
         if spec in widest or spec in serial:  # (the columns at a time: no spill at any block)
             usage = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", line.split("|")[1])
@@ -694,6 +696,11 @@ def test_compiled_clip_keeps_nan():
         assert "arith.maxnumf" not in compiled.asm["ttir"] and "arith.minnumf" not in compiled.asm["ttir"]
         ptx = compiled.asm["ptx"]
         assert "max.f" not in ptx and "min.f" not in ptx and "selp." in ptx, (probe, out_type)
-    source = inspect.getsource(kernel.advantages_kernel.fn)
-    assert "_clip_cast(result, clip_lo, clip_hi, out_dtype)" in source
-    assert "tl.minimum(tl.maximum(result" not in source
+    # the kernel's tail (_finish, in both forms) clips with it
+    finish = inspect.getsource(kernel._finish.fn)
+    assert "_clip_cast(result, clip_lo, clip_hi, out_dtype)" in finish
+    for fn in (kernel.advantages_kernel, kernel._serial_outputs):
+        source = inspect.getsource(fn.fn)
+        assert "_finish(result, " in source and "_clip_cast" not in source, fn
+    assert all("tl.minimum(tl.maximum(result" not in inspect.getsource(fn.fn)
+               for fn in (kernel.advantages_kernel, kernel._serial_outputs, kernel._finish))

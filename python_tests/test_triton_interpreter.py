@@ -204,16 +204,16 @@ def test_centred_own_kernel_lanes_at_block_64(est):
             assert_matches_reference(values, offsets, None, 3, est, mode="zero", mean_scale=mean_scale)
 
 
-@pytest.mark.parametrize("name", sorted(_config.SERIAL_LANE_MAX_BLOCK))
+@pytest.mark.parametrize("name", [e.name for e in SUPPORTED if e.one_pass])
 def test_serial_lanes_from_a_bank(name):
     """From a bank, where a thread holds its group, these estimators go through it a column at a
     time (the kernel's _serial_outputs: on a GPU in their own kernels, up to the estimator's
-    _config.SERIAL_LANE_MAX_BLOCK; under the interpreter in every lane launch). At 16 and at the
+    _config.serial_lanes_up_to; under the interpreter in every lane launch). At 16 and at the
     estimator's top block: ragged groups with ties, a singleton and an empty group, one k's bank
     and a mixture's, both scales, a clip, clamped deltas: the reference's values, and the bits of
     the tile code (interpreter_serial(False), the kernel with every estimator's path on a GPU)."""
     est = estimators.get(name)
-    top = _config.SERIAL_LANE_MAX_BLOCK[name]
+    top = _config.serial_lanes_up_to(est, True)
     generator = torch.Generator().manual_seed(3800 + est.code)
     for block in sorted({16, top}):
         sizes = [block, block // 2 + 1, 1, 0, block - 3, block]

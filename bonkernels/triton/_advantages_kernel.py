@@ -469,7 +469,7 @@ def _bank_chunk(bank_ptr, block_at, row: tl.constexpr, n, at):
 @triton.jit
 def _serial_from_bank(code, has_bank):
     """Whether a call where a thread holds its group (LANES) runs `_serial_outputs`: the
-    estimators of _config.SERIAL_LANE_MAX_BLOCK, from a bank."""
+    registry's `one_pass` estimators, from a bank (test_triton.py checks that it names them)."""
     return (has_bank != 0) & ((code == MAXK) | (code == PASSK) | (code == MAXK_LOO1)
                               | (code == MAXK_OFFPOLICY))
 

@@ -27,14 +27,16 @@ OWN_KERNEL_LANE_MAX_BLOCK = 32
 # BLOCK = 64, test_triton.py checks it for every centred estimator). grpo there issues 69
 # instructions per sample against 560 in the spread layout (static counts).
 CENTRED_LANE_MAX_BLOCK = 64
-# From a bank, the estimators that sum rank tables in one direction go through a group a column at
-# a time where a thread holds it (the kernel's `_serial_from_bank` and `_serial_outputs`), with
-# the tables read a few columns at a time: no whole table is alive. Their own kernels then keep a
-# thread per group up to these blocks, off-policy included, without a spill (sm_90, float32;
-# test_triton.py checks it). At BLOCK = 64 maxk_loo1 would spill 24 bytes and maxk_offpolicy
-# 768, so they stop at 32. Static counts (sm_90): maxk_offpolicy at 32 issues 111 instructions
-# per sample against 604 in the spread layout; maxk at 64, 107 against 538.
-SERIAL_LANE_MAX_BLOCK = {"maxk": 64, "passk": 64, "maxk_loo1": 32, "maxk_offpolicy": 32}
+# From a bank, the registry's `one_pass` estimators (rank tables summed in one direction) go
+# through a group a column at a time where a thread holds it (the kernel's `_serial_from_bank` and
+# `_serial_outputs`), with the tables read a few columns at a time: no whole table is alive.
+# Their own kernels then keep a thread per group up to SERIAL_LANE_MAX_BLOCK, off-policy
+# included, without a spill (sm_90, float32; test_triton.py checks it), but for those of
+# SERIAL_SPILL_ABOVE_32, which spill at 64 (maxk_loo1 24 bytes, maxk_offpolicy 768) and stop at 32.
+# Static counts (sm_90): maxk_offpolicy at 32 issues 111 instructions per sample against 604 in
+# the spread layout; maxk at 64, 107 against 538.
+SERIAL_LANE_MAX_BLOCK = 64
+SERIAL_SPILL_ABOVE_32 = ("maxk_loo1", "maxk_offpolicy")
 # Whether launches take the blocks above LANE_MAX_BLOCK as lanes: None, when they run their own
 # kernel (above); True, always (the interpreter's tests, and the GPU check's kernel with every
 # estimator, which must give the same bits); False, never. See `own_kernel_lanes`.
@@ -50,8 +52,7 @@ LANE_MIN_GROUPS = 8192
 # (`specialised_kernels(False)`): the kernel with every estimator, which torch.compile's traced
 # launches always take.
 SPECIALISED_KERNELS = True
-# SERIAL (the kernel's constexpr) compiles the column-at-a-time path of SERIAL_LANE_MAX_BLOCK's
-# estimators: on in the kernels compiled per estimator, off in the kernel with every estimator
+# SERIAL (the kernel's constexpr) compiles the column-at-a-time path of the `one_pass` estimators: on in the kernels compiled per estimator, off in the kernel with every estimator
 # on a GPU. Under the interpreter (CPU tensors) that kernel takes it too: the interpreter has no
 # registers to save, and CPU tests then run the code that a GPU launch of those estimators runs.
 # `interpreter_serial(False)` runs the tile code there instead (a test compares the two, bit for bit).
@@ -120,8 +121,12 @@ def lanes_up_to(deltas: bool, own_kernel: bool, centred: bool = False, serial_bl
 
 
 def serial_lanes_up_to(est, has_bank: bool) -> int:
-    """SERIAL_LANE_MAX_BLOCK of a registry entry called from a bank; 0 otherwise."""
-    return SERIAL_LANE_MAX_BLOCK.get(est.name, 0) if has_bank else 0
+    """The block up to which a registry entry's own kernel takes lanes a column at a time: for a
+    `one_pass` estimator called from a bank, SERIAL_LANE_MAX_BLOCK (32 for SERIAL_SPILL_ABOVE_32);
+    0 otherwise."""
+    if not (has_bank and est.one_pass):
+        return 0
+    return OWN_KERNEL_LANE_MAX_BLOCK if est.name in SERIAL_SPILL_ABOVE_32 else SERIAL_LANE_MAX_BLOCK
 
 
 def estimator_lanes_up_to(est, own_kernel: bool = True, has_bank: bool = False) -> int:
