@@ -480,18 +480,17 @@ def section_triton(ctx):
 
 def _serial_lanes_from_a_bank(ctx, block, ragged):
     """From a bank, the registry's `one_pass` estimators go through a group a column at a
-    time, in their own kernels, with a thread per group up to _config.serial_lanes_up_to (maxk_offpolicy at 32,
-    maxk and passk at 64): one k's bank on a ragged batch in that layout, against the float64
+    time, in their own kernels, with a thread per group up to _config.serial_lanes_up_to
+    (maxk_offpolicy at 32, maxk and passk at 64): one k's bank on a ragged batch in that layout, against the float64
     reference and, on a GPU up to block 32, bit for bit against the kernel with every estimator
     in the same layout (its tile code)."""
     from bonkernels import tables
     from bonkernels.triton import _config
 
     torch = ctx.torch
-    natives = {e.name for e in ctx.natives}
     for est in [e for e in ctx.natives if getattr(e, "one_pass", False)]:
         name, top = est.name, _config.serial_lanes_up_to(est, True)
-        if block > top or name not in natives or (ctx.quick and name not in ("maxk", "maxk_offpolicy")):
+        if block > top or (ctx.quick and name not in ("maxk", "maxk_offpolicy")):
             continue
         # (bfloat16 for the estimators the cache fill compiles at every dtype)
         for dtype in (torch.float32,) + ((torch.bfloat16,) if name in TRITON_EVERY_DTYPE and not ctx.quick else ()):

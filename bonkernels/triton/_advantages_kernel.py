@@ -462,8 +462,7 @@ def _column(t, cols, j: tl.constexpr):
 def _bank_chunk(bank_ptr, block_at, row: tl.constexpr, n, at):
     """Columns `at` ([GROUPS, CHUNK]) of row `row` of the bank block, a thread per group; 0
     outside the group and when the block is missing."""
-    ptrs = bank_ptr + tl.maximum(block_at, 0) + row * n + at
-    return _load(ptrs, (at < n) & (block_at >= 0), 0.0, True)
+    return _bank_row(bank_ptr, block_at, row, n, at, at < n, True)
 
 
 @triton.jit
