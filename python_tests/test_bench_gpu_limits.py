@@ -80,7 +80,7 @@ def test_generic_kernel_takes_the_blocks_of_the_estimators_own_kernels():
     assert _config.SPECIALISED_KERNELS and _config.OWN_KERNEL_LANES is None
     # (the table's [G, n] calls read one k's bank: maxk_offpolicy's own kernel goes a column at a time)
     assert gl._lane_max_block("maxk_offpolicy") == _config.OWN_KERNEL_LANE_MAX_BLOCK == 32
-    assert gl._lane_max_block("maxk_loo1") == _config.OWN_KERNEL_LANE_MAX_BLOCK
+    assert gl._lane_max_block("maxk_loo1") == _config.SERIAL_LANE_MAX_BLOCK == 64
     assert gl._lane_max_block("grpo") == _config.CENTRED_LANE_MAX_BLOCK  # a centred estimator
     assert gl._generic_lane_max_block() == _config.OWN_KERNEL_LANE_MAX_BLOCK
 
@@ -99,12 +99,12 @@ def test_small_batch_times_the_generic_kernel_beside_triton(monkeypatch):
 
 def test_generic_cells_time_both_layouts_but_lanes_no_launch_takes():
     """triton-generic is timed wherever triton runs its own kernel, in lanes or spread, except
-    grpo at 64, where the kernel with every estimator would take lanes no launch takes;
-    triton-spread only where triton takes lanes."""
+    grpo and maxk_loo1 at 64, where the kernel with every estimator would take lanes no launch
+    takes; triton-spread only where triton takes lanes."""
     runs = gl.bandwidth_cell_runs
     for n in gl.NS:
         assert runs("triton", "maxk_loo1", n) and runs("cuda", "grpo", n)
-        assert runs(gl.GENERIC, "maxk_loo1", n) and runs(gl.GENERIC, "maxk_offpolicy", n)
-        assert runs(gl.GENERIC, "grpo", n) == (n != 64)
+        assert runs(gl.GENERIC, "maxk_offpolicy", n)
+        assert runs(gl.GENERIC, "maxk_loo1", n) == runs(gl.GENERIC, "grpo", n) == (n != 64)
         assert runs(gl.SPREAD, "maxk_offpolicy", n) == (n <= 32)
-        assert runs(gl.SPREAD, "grpo", n) == (n <= 64)
+        assert runs(gl.SPREAD, "maxk_loo1", n) == runs(gl.SPREAD, "grpo", n) == (n <= 64)

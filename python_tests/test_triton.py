@@ -408,8 +408,8 @@ def test_specialised_lane_kernels_compile_with_fewer_registers():
     estimator (a thread holds its whole group). Above LANE_MAX_BLOCK, where only the on-policy
     estimators' kernels run lanes, a thread holds 32 float64s per tile and
     may spill: less than the kernel with every estimator, and within OWN_KERNEL_SPILL_PER_SAMPLE.
-    Above OWN_KERNEL_LANE_MAX_BLOCK only the centred estimators and maxk and passk from a bank
-    run lanes, and without a spill. The kernels that go through a group a column at a time
+    Above OWN_KERNEL_LANE_MAX_BLOCK only the centred estimators and maxk, passk and maxk_loo1
+    from a bank run lanes, and without a spill. The kernels that go through a group a column at a time
     (the registry's one_pass estimators, from a bank) never spill, maxk_offpolicy at 32 included."""
     import re
 

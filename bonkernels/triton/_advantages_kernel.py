@@ -466,6 +466,15 @@ def _bank_chunk(bank_ptr, block_at, row: tl.constexpr, n, at):
 
 
 @triton.jit
+def _sorted_value(ptr, start, perm, cols, j: tl.constexpr, n):
+    """Sorted column j of a group's rewards, [GROUPS, 1], read again from memory through the
+    sort's columns, in the compare dtype: the sorted tile's value for every finite reward (a
+    group with another is NaN anyway), 0 past the group."""
+    raw = tl.load(ptr + start + _column(perm, cols, j), mask=n > j, other=0.0)
+    return _compare_dtype_value(raw)
+
+
+@triton.jit
 def _serial_from_bank(code, has_bank):
     """Whether a call where a thread holds its group (LANES) runs `_serial_outputs`: the
     registry's `one_pass` estimators, from a bank (test_triton.py checks that it names them)."""
@@ -500,8 +509,8 @@ def _store_chunk(out_ptr, start, perm, cols, in_chunk, first, outs, n):
 
 
 @triton.jit
-def _serial_outputs(code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid, mean_scale,
-                    natural_mean, out_ptr, start, perm, zero_group, bad, clip_lo, clip_hi,
+def _serial_outputs(values_ptr, code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid,
+                    mean_scale, natural_mean, out_ptr, start, perm, zero_group, bad, clip_lo, clip_hi,
                     out_dtype: tl.constexpr, BLOCK: tl.constexpr, DELTAS: tl.constexpr):
     """Compute and store the outputs of a call of _serial_from_bank where a thread holds its
     group, one sorted column at a time.
@@ -522,6 +531,11 @@ def _serial_outputs(code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid
     CHUNK: tl.constexpr = WIDTH if BLOCK > WIDTH else BLOCK
     NCHUNKS: tl.constexpr = BLOCK // CHUNK
     in_chunk = tl.zeros([GROUPS, CHUNK], dtype=tl.int32) + tl.arange(0, CHUNK)[None, :]
+    # above 32 columns maxk_loo1 reads each sorted reward again through perm (from L1: the sort
+    # loaded the same lines) instead of taking it from the sorted tile: its mean's pass and its
+    # column loop convert the same rewards to float64, and the compiler would convert each once
+    # and keep all 64 alive across the loop beside perm: a spill (24 bytes; 208 registers without)
+    RELOAD: tl.constexpr = BLOCK > 32
     if (code == MAXK) | (code == PASSK):
         # s_j = d_j x_j + sum_{t > j} o_t x_t (_pkpo_s), from the top
         total = tl.zeros([GROUPS, 1], dtype=tl.float64)
@@ -559,7 +573,11 @@ def _serial_outputs(code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid
             b_chunk = _bank_chunk(bank_ptr, block_at, 3, n, in_chunk + first)
             for i in tl.static_range(CHUNK):
                 j = first + i
-                y = tl.where(n > j, _column(x_compared, cols, j).to(tl.float64) - xmin, 0.0)
+                if RELOAD:
+                    x_j = _sorted_value(values_ptr, start, perm, cols, j, n)
+                else:
+                    x_j = _column(x_compared, cols, j)
+                y = tl.where(n > j, x_j.to(tl.float64) - xmin, 0.0)
                 v = _column(b_chunk, in_chunk, i) * y
                 if j == 0:
                     total = v
@@ -721,9 +739,9 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         if DELTAS:
             if code == MAXK_OFFPOLICY:
                 dl, bad = _clamped_deltas(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, LANES)
-        _serial_outputs(code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid, mean_scale,
-                        natural_mean, out_ptr, start, perm, zero_group, bad, clip_lo, clip_hi,
-                        out_dtype, BLOCK, DELTAS)
+        _serial_outputs(values_ptr, code, x_compared, dl, bank_ptr, block_at, n, nf, cols, valid,
+                        mean_scale, natural_mean, out_ptr, start, perm, zero_group, bad, clip_lo,
+                        clip_hi, out_dtype, BLOCK, DELTAS)
     else:
         d = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
         o = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)

@@ -24,7 +24,7 @@ at BLOCK = 4096) and keeps it (`python -m bonkernels.triton.aot --estimators` co
   kernels (SERIAL, the kernel's constexpr: the kernel with every estimator keeps its tile code),
   so none of them spills in lanes, and they keep a thread per group further
   (_config.serial_lanes_up_to: maxk_offpolicy to 32, where the kernel with every estimator
-  spills 2.9/5.1 KB stored/loaded a thread; maxk and passk to 64). The kernel with every estimator never takes
+  spills 2.9/5.1 KB stored/loaded a thread; maxk, passk and maxk_loo1 to 64). The kernel with every estimator never takes
   lanes above 32, so the GPU check compares the kernels at 64 with float64 only.
 * A group spread over threads (small batches, larger blocks): the kernel with every estimator
   takes 128 registers and spills at BLOCK = 64, 128 and 1024 (4/4, 12/12 and 20/36 bytes), where
