@@ -768,7 +768,9 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
             d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
             o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
             result = _pkpo_s(d, o, x, LANES)
-            c = tl.where(code == MAXK_LOO, kf / nm1, kf / nf)
+            c = kf  # (a bank's rows carry c already)
+            if has_bank == 0:
+                c = kf / tl.where(code == MAXK_LOO, nm1, nf)  # one division, not one per choice
             if has_bank != 0:
                 below = _bank_row(bank_ptr, block_at, 3, n, cols, valid, LANES)
             else:
