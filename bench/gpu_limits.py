@@ -101,8 +101,8 @@ def _lane_max_block(estimator: str) -> int:
 
 def _generic_lane_max_block() -> int:
     """The largest block at which the A/B cell triton-generic takes lanes: the kernel with every
-    estimator in lanes, as the estimators' own kernels up to 32 (the centred ones go to 64 in
-    their own only)."""
+    estimator in lanes, as the estimators' own kernels up to 32 (the centred ones, and maxk,
+    passk and maxk_loo1 from a bank, go to 64 in their own only)."""
     from bonkernels.triton import _config
 
     return _config.OWN_KERNEL_LANE_MAX_BLOCK
