@@ -536,6 +536,10 @@ def _serial_outputs(values_ptr, code, x_compared, dl, bank_ptr, block_at, n, nf,
     # column loop convert the same rewards to float64, and the compiler would convert each once
     # and keep all 64 alive across the loop beside perm: a spill (24 bytes; 208 registers without)
     RELOAD: tl.constexpr = BLOCK > 32
+    # maxk_offpolicy at 32 likewise: its rewards, its deltas and perm take every register (255,
+    # where the smallest change spills), against 184 and 2 % more instructions with the rewards
+    # read again
+    RELOAD_OFF_POLICY: tl.constexpr = BLOCK > 16
     if (code == MAXK) | (code == PASSK):
         # s_j = d_j x_j + sum_{t > j} o_t x_t (_pkpo_s), from the top
         total = tl.zeros([GROUPS, 1], dtype=tl.float64)
@@ -625,7 +629,10 @@ def _serial_outputs(values_ptr, code, x_compared, dl, bank_ptr, block_at, n, nf,
             for i in tl.static_range(CHUNK):
                 jj = CHUNK - 1 - i
                 j = first + jj
-                x = _column(x_compared, cols, j).to(tl.float64)
+                if RELOAD_OFF_POLICY:
+                    x = _sorted_value(values_ptr, start, perm, cols, j, n).to(tl.float64)
+                else:
+                    x = _column(x_compared, cols, j).to(tl.float64)
                 dl_j = _column(dl, cols, j).to(tl.float64)
                 d = _column(d_chunk, in_chunk, jj)
                 o = _column(o_chunk, in_chunk, jj)
@@ -690,7 +697,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     # ---- sort: perm[g, p] is the column of the p-th smallest reward (padding is +inf: last)
     raw = _load(values_ptr + start + cols, valid, 0.0, LANES)
     finite = _is_finite(_compare_dtype_value(raw))
-    bad = (tl.max(tl.where(valid & ~finite, 1, 0), axis=1)[:, None] > 0) | oversize
+    bad = (tl.max(tl.where(finite, 0, 1), axis=1)[:, None] > 0) | oversize  # (padding loads 0)
     key = _sort_key(raw, valid)
     # the sorted keys put the group's samples exactly at the positions p < n; the order-free
     # estimators (sorts == 0) take the rewards as they come
