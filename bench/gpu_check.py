@@ -481,9 +481,9 @@ def section_triton(ctx):
 def _serial_lanes_from_a_bank(ctx, block, ragged):
     """From a bank, the registry's `one_pass` estimators go through a group a column at a
     time, in their own kernels, with a thread per group up to _config.serial_lanes_up_to
-    (maxk_offpolicy at 32, maxk and passk at 64): one k's bank on a ragged batch in that layout, against the float64
-    reference and, on a GPU up to block 32, bit for bit against the kernel with every estimator
-    in the same layout (its tile code)."""
+    (maxk_offpolicy at 32, maxk, passk and maxk_loo1 at 64): one k's bank on a ragged batch in
+    that layout, against the float64 reference and, on a GPU up to block 32, bit for bit against
+    the kernel with every estimator in the same layout (its tile code)."""
     from bonkernels import tables
     from bonkernels.triton import _config
 

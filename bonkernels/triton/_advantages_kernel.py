@@ -466,12 +466,18 @@ def _bank_chunk(bank_ptr, block_at, row: tl.constexpr, n, at):
 
 
 @triton.jit
-def _sorted_value(ptr, start, perm, cols, j: tl.constexpr, n):
-    """Sorted column j of a group's rewards, [GROUPS, 1], read again from memory through the
-    sort's columns, in the compare dtype: the sorted tile's value for every finite reward (a
-    group with another is NaN anyway), 0 past the group."""
-    raw = tl.load(ptr + start + _column(perm, cols, j), mask=n > j, other=0.0)
-    return _compare_dtype_value(raw)
+def _sorted_reward(x_compared, values_ptr, start, perm, cols, j: tl.constexpr, n,
+                   READ_AGAIN: tl.constexpr):
+    """Sorted column j of a group's rewards, [GROUPS, 1], in the compare dtype: from the sorted
+    tile, or, with READ_AGAIN, from memory through the sort's columns (the tile's value for every
+    finite reward: a group with another is NaN anyway; 0 past the group), so that the tile need
+    not stay alive."""
+    if READ_AGAIN:
+        raw = tl.load(values_ptr + start + _column(perm, cols, j), mask=n > j, other=0.0)
+        x = _compare_dtype_value(raw)
+    else:
+        x = _column(x_compared, cols, j)
+    return x
 
 
 @triton.jit
@@ -520,8 +526,9 @@ def _serial_outputs(values_ptr, code, x_compared, dl, bank_ptr, block_at, n, nf,
     registers. These estimators sum rank tables times the sorted rewards in one direction (maxk
     and passk from the top, maxk_loo1 from the bottom, maxk_offpolicy from the top, with the
     deltas' prefix sum), so a thread can go through its group one column at a time, reading the
-    tables CHUNK columns at a time: alive are the rewards, the deltas and the columns, and one
-    chunk of the tables and of the outputs. The sums are the tile code's, in the same order (its
+    tables CHUNK columns at a time: alive are the rewards (above a block, not even those: they
+    are read again, _sorted_reward), the deltas and the columns, and one chunk of the tables and
+    of the outputs. The sums are the tile code's, in the same order (its
     in-thread scans run in column order: first the column's own term, then one add per column),
     and each output is finished (_finish) as soon as it is known, then stored a chunk at a time."""
     GROUPS: tl.constexpr = x_compared.shape[0]
@@ -577,10 +584,7 @@ def _serial_outputs(values_ptr, code, x_compared, dl, bank_ptr, block_at, n, nf,
             b_chunk = _bank_chunk(bank_ptr, block_at, 3, n, in_chunk + first)
             for i in tl.static_range(CHUNK):
                 j = first + i
-                if RELOAD:
-                    x_j = _sorted_value(values_ptr, start, perm, cols, j, n)
-                else:
-                    x_j = _column(x_compared, cols, j)
+                x_j = _sorted_reward(x_compared, values_ptr, start, perm, cols, j, n, RELOAD)
                 y = tl.where(n > j, x_j.to(tl.float64) - xmin, 0.0)
                 v = _column(b_chunk, in_chunk, i) * y
                 if j == 0:
@@ -629,10 +633,8 @@ def _serial_outputs(values_ptr, code, x_compared, dl, bank_ptr, block_at, n, nf,
             for i in tl.static_range(CHUNK):
                 jj = CHUNK - 1 - i
                 j = first + jj
-                if RELOAD_OFF_POLICY:
-                    x = _sorted_value(values_ptr, start, perm, cols, j, n).to(tl.float64)
-                else:
-                    x = _column(x_compared, cols, j).to(tl.float64)
+                x = _sorted_reward(x_compared, values_ptr, start, perm, cols, j, n,
+                                   RELOAD_OFF_POLICY).to(tl.float64)
                 dl_j = _column(dl, cols, j).to(tl.float64)
                 d = _column(d_chunk, in_chunk, jj)
                 o = _column(o_chunk, in_chunk, jj)
