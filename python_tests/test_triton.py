@@ -626,9 +626,10 @@ def test_thread_per_group_blocks_compile_without_cross_thread_traffic():
 @pytest.mark.skipif(INTERPRETING, reason="compiles for a GPU target: TRITON_INTERPRET must be unset")
 def test_lane_sort_compares_each_pair_once():
     """The thread-per-group sort's exchanges, compiled for sm_90 in the lane layout: one float32
-    compare per exchange of a bitonic network (tl.sort has each end of a pair compare on its
-    own, twice as many) and nothing exchanged between threads. The interpreter suite checks
-    what it sorts (test_lane_sort_sorts_and_moves_the_columns_alike)."""
+    compare per exchange of Batcher's odd-even merge network (enumerated here on its own; tl.sort
+    has each end of a pair compare on its own, twice as many, and a bitonic network has more
+    pairs) and nothing exchanged between threads. The interpreter suite checks what it sorts
+    (test_lane_sort_sorts_and_moves_the_columns_alike, test_lane_sort_sorts_every_row_of_zeros_and_ones)."""
     import re
 
     import triton
@@ -644,15 +645,30 @@ def test_lane_sort_compares_each_pair_once():
         keys, items = kernel._lane_sort(kernel._load(keys_ptr + at, at >= 0, 0.0, True), cols, LOG2_BLOCK)
         kernel._store(out_ptr + at, keys + items.to(tl.float32), at >= 0, True)
 
-    for log2_block in (3, 4, 5):
+    for log2_block in (3, 4, 5, 6):
         block = 1 << log2_block
         signature = {"keys_ptr": "*fp32", "out_ptr": "*fp32", "BLOCK": "constexpr", "LOG2_BLOCK": "constexpr"}
         source = ASTSource(fn=probe, signature=signature, constexprs={"BLOCK": block, "LOG2_BLOCK": log2_block})
         ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ptx"]
-        exchanges = log2_block * (log2_block + 1) // 2 * block // 2  # 24, 80, 240
+        exchanges = len(_odd_even_merge_pairs(block))  # 19, 63, 191, 543
         compares = len(re.findall(r"setp\.\w+\.f32", ptx))
         assert exchanges <= compares <= exchanges * 1.05 + 1, (block, compares, exchanges)
         assert "shfl.sync" not in ptx and "bar.sync" not in ptx, block
+
+
+def _odd_even_merge_pairs(n):
+    """The compare-exchanges of Batcher's odd-even merge sort of n (a power of two) columns."""
+    pairs, merge = [], 1
+    while merge < n:
+        distance = merge
+        while distance >= 1:
+            for j in range(distance % merge, n - distance, 2 * distance):
+                for i in range(min(distance, n - j - distance)):
+                    if (i + j) // (2 * merge) == (i + j + distance) // (2 * merge):
+                        pairs.append((i + j, i + j + distance))
+            distance //= 2
+        merge *= 2
+    return pairs
 
 
 @pytest.mark.slow  # 80 compilations: 5-10 minutes on 2 cores (the largest blocks cost most)

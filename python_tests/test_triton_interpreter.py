@@ -447,7 +447,7 @@ def test_lane_sort_sorts_and_moves_the_columns_alike(dtype):
     ties, signed zeros, negatives, near-ties one ulp apart, +inf padding, and already sorted or
     reversed rows."""
     generator = torch.Generator().manual_seed(21)
-    for log2_block in range(0, 6):
+    for log2_block in range(0, 7):
         block = 1 << log2_block
         rows = [torch.randn(block, generator=generator, dtype=torch.float64),
                 torch.randint(0, 3, (block,), generator=generator).double() / 2.0,
@@ -468,6 +468,35 @@ def test_lane_sort_sorts_and_moves_the_columns_alike(dtype):
         columns = torch.arange(block, device=DEVICE).expand(groups, -1)
         assert torch.equal(items_out.sort(dim=1).values.long(), columns), block
         assert torch.equal(torch.gather(padded, 1, items_out.long()), keys_out), block
+
+
+def _zero_one_rows(block, log2_run):
+    """Every row of `block` 0s and 1s whose runs of 2^log2_run columns are each sorted."""
+    run = 1 << log2_run
+    ones = torch.cartesian_prod(*[torch.arange(run + 1)] * (block // run)).reshape(-1, block // run)
+    return (torch.arange(run)[None, None, :] >= run - ones[:, :, None]).reshape(-1, block)
+
+
+def test_lane_sort_sorts_every_row_of_zeros_and_ones():
+    """A network of compare-exchanges sorts (or merges) every input if and only if it sorts (or
+    merges) every input of 0s and 1s (the 0-1 principle). At block 8, _lane_sort gets all 256
+    rows: its network sorts. At 16, whose earlier merges work on each half as block 8's network
+    does, it gets every row of two sorted halves: its last merge merges. The many ties of such
+    rows check that the columns stay a permutation. (The interpreter takes about 5 ms a row at
+    16: all 65,536 rows there would take minutes; block 32's 289 such rows, 15 s.)"""
+    for log2_block, rows in ((3, _zero_one_rows(8, 0)), (4, _zero_one_rows(16, 3))):
+        block = 1 << log2_block
+        groups = 1 << (rows.shape[0] - 1).bit_length()  # a power of two: pad with the first row
+        keys = torch.cat([rows, rows[:1].expand(groups - rows.shape[0], -1)]).to(torch.float32)
+        keys = keys.to(DEVICE).contiguous()
+        keys_out = torch.empty_like(keys)
+        items_out = torch.empty(keys.shape, dtype=torch.int32, device=DEVICE)
+        _lane_sort_probe[(1,)](keys, keys_out, items_out, GROUPS=groups, BLOCK=block,
+                               LOG2_BLOCK=log2_block)
+        assert torch.equal(keys_out, torch.sort(keys, dim=1).values), block
+        columns = torch.arange(block, device=DEVICE).expand(groups, -1)
+        assert torch.equal(items_out.sort(dim=1).values.long(), columns), block
+        assert torch.equal(torch.gather(keys, 1, items_out.long()), keys_out), block
 
 
 # ---------------------------------------------------------------- against the brute-force oracle

@@ -13,15 +13,15 @@
   specialisations, which ``python -m bonkernels.triton.aot`` compiles ahead of time for
   sm_80/sm_90.
 * Blocks up to 16 run a thread per group (its sort, scans and reductions in that thread's
-  registers; the sort is a bitonic network that compares each pair of rewards once and moves
-  their columns alongside) on batches of at least ``_config.LANE_MIN_GROUPS`` groups; smaller
-  batches and larger blocks spread a group over threads and sort packed (key, column) words with
-  ``tl.sort`` (two passes for float64). On a GPU every launch runs the same kernel compiled
-  with its estimator's facts as constants (``_sources.py``; compiled on first use and kept),
-  which frees the registers the other estimators' tiles would hold: the spread layout then fits
-  without a spill up to block 1024, and on-policy launches keep a thread per group up to block
-  32 for 16- and 32-bit rewards (64 for grpo, rloo, dr_grpo and maxrl); ``--estimators`` of the
-  aot module compiles one per estimator.
+  registers; the sort is Batcher's odd-even merge network, which compares each pair of rewards
+  once and moves their columns alongside) on batches of at least ``_config.LANE_MIN_GROUPS``
+  groups; smaller batches and larger blocks spread a group over threads and sort packed (key,
+  column) words with ``tl.sort`` (two passes for float64). On a GPU every launch runs the same
+  kernel compiled with its estimator's facts as constants (``_sources.py``; compiled on first use
+  and kept), which frees the registers the other estimators' tiles would hold: the spread layout
+  then fits without a spill up to block 1024, and on-policy launches keep a thread per group up to
+  block 32 for 16- and 32-bit rewards (64 for grpo, rloo, dr_grpo and maxrl); ``--estimators`` of
+  the aot module compiles one per estimator.
 * A plan (``bk.prepare_advantages``) binds everything but the tensors once and, from its second
   call on a GPU, launches the compiled kernel directly (``advantages.PreparedLaunch``).
 * Without input checks the kernel stays inside its tensors: offsets are clamped, a group with a
