@@ -535,9 +535,11 @@ def _finish(result, nf, mean_scale, natural_mean, zero_group, bad, clip_lo, clip
     """A result in the estimator's natural scale -> the output: the requested scale, small-group
     zeroing, clip and NaN in the reference's order, as selects among values cast to the output
     dtype (_clip_cast): a zeroed group takes the clipped, cast 0."""
-    if (mean_scale != 0) & (natural_mean == 0):
-        result = result * nf
-    elif (mean_scale == 0) & (natural_mean != 0):
+    if natural_mean == 0:
+        # times n where the mean scale is asked, else times 1 (the same bits): a multiply per
+        # sample, where a select between the two takes two (a float64 is two registers)
+        result = result * tl.where(mean_scale != 0, nf, 1.0)
+    elif mean_scale == 0:
         result = _over(result, tl.maximum(nf, 1.0))
     zero = tl.zeros_like(clip_lo)
     out = _clip_cast(result, clip_lo, clip_hi, out_dtype)
