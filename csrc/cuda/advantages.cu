@@ -1011,10 +1011,9 @@ static_assert(2 * (kThreadLinesSmemBytes + 1024) <= 228 * 1024, "two blocks per 
 // their use and spilled (sm_90, maxk_loo1: 8 bytes at 254 registers; staged: 242, none).
 template <int W>
 __device__ __forceinline__ const double* stage_full_bank(const Params& p, double* staged) {
-  if (p.bank == nullptr || int64_t(W) >= p.bank_index_len) return nullptr;
-  const int64_t b = p.bank_index[W];
-  if (b < 0 || b + 5 * int64_t(W) + 1 > p.bank_len) return nullptr;
-  for (int i = threadIdx.x; i < 5 * W + 1; i += blockDim.x) staged[i] = p.bank[b + i];
+  const double* block = p.bank == nullptr ? nullptr : bank_block(p, W);
+  if (block == nullptr) return nullptr;
+  for (int i = threadIdx.x; i < 5 * W + 1; i += blockDim.x) staged[i] = block[i];
   return staged;
 }
 

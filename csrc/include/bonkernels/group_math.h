@@ -229,6 +229,17 @@ BK_HD bool has_bank(const Params& p) {
 #endif
 }
 
+// The bank's block for groups of size n (5 n + 1 doubles: D, O, Q, B, Bp, W1), or null where the
+// bank has none or an out-of-range one: the one lookup of with_tables, the pack executor and the
+// CUDA kernel's staged copy. It leaves p.bank to its callers, which know whether there is one (a
+// second test of it had made GCC compile the pack executor's maxk path 1.2x slower).
+BK_HD const double* bank_block(const Params& p, int n) {
+  if (int64_t(n) >= p.bank_index_len) return nullptr;
+  const int64_t b = p.bank_index[n];
+  if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return nullptr;
+  return p.bank + b;
+}
+
 // The calls an executor computes (Ex::kCalls; without one, every call). The CUDA small-group and
 // segment kernels have one instantiation per set, compiled with that set's code alone: a kernel
 // takes the registers of its most demanding path, so a set of lighter calls gets more warps per SM.
@@ -332,10 +343,8 @@ BK_HD bool with_tables(Ex& ex, const Params& p, int code, int k, Body body) {
     return true;
   }
   const int n = ex.n;
-  if (int64_t(n) >= p.bank_index_len) return false;
-  const int64_t b = p.bank_index[n];
-  if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return false;
-  const double* block = p.bank + b;
+  const double* block = bank_block(p, n);
+  if (block == nullptr) return false;
   if constexpr (has_staged_bank<Ex>::value)
     if (ex.staged_bank != nullptr) block = ex.staged_bank;  // the same block, in faster memory
   BankTables t{block, n, 1.0, block[5 * int64_t(n)]};

@@ -199,12 +199,9 @@ struct PackExec : LaneExec<W, Sink, kFull> {  // (kFull: groups of exactly W, th
   // bank (pack_takes). (A table, not a callback as in the other executors' tables(): GCC would not
   // inline the callback into the AVX2 code of packs of four.)
   BK_HD bool bank_tables(const Params& p, BankTables& t) {
-    // (the lookup of with_tables; a test of p.bank here, redundant with pack_takes, had made GCC
-    // compile the pack's maxk path 1.2x slower)
-    if (int64_t(n) >= p.bank_index_len) return false;
-    const int64_t b = p.bank_index[n];
-    if (b < 0 || b + 5 * int64_t(n) + 1 > p.bank_len) return false;
-    t = BankTables{p.bank + b, n, 1.0, p.bank[b + 5 * int64_t(n)]};
+    const double* block = bank_block(p, n);  // (pack_takes has seen p.bank)
+    if (block == nullptr) return false;
+    t = BankTables{block, n, 1.0, block[5 * int64_t(n)]};
     return true;
   }
 
