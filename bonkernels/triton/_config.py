@@ -33,8 +33,8 @@ CENTRED_LANE_MAX_BLOCK = 64
 # Their own kernels then keep a thread per group up to SERIAL_LANE_MAX_BLOCK, off-policy
 # included, without a spill (sm_90, float32; test_triton.py checks it), but for those of
 # SERIAL_SPILL_ABOVE_32, which spill at 64 (maxk_offpolicy 516 bytes) and stop at 32.
-# Static counts (sm_90): maxk_offpolicy at 32 issues 114 instructions per sample against 604 in
-# the spread layout; maxk at 64, 98 against 538; maxk_loo1 at 64, 117 against 700.
+# Static counts (sm_90): maxk_offpolicy at 32 issues 103 instructions per sample against 604 in
+# the spread layout; maxk at 64, 87 against 538; maxk_loo1 at 64, 105 against 700.
 SERIAL_LANE_MAX_BLOCK = 64
 SERIAL_SPILL_ABOVE_32 = ("maxk_offpolicy",)
 # Whether launches take the blocks above LANE_MAX_BLOCK as lanes: None, when they run their own
