@@ -218,27 +218,6 @@ def _partner(t, dim: tl.constexpr):
 
 
 @triton.jit
-def _compare_exchange(keys, items, distance_log2: tl.constexpr):
-    """The first step of an odd-even merge: the columns c and c + 2^distance_log2, for every c
-    without that bit, ordered ascending by key, `items` moved alike. Both ends of a pair compute
-    the same compare (left key > right key), which the compiler merges into one; tl.sort has
-    each end compare itself with its partner, two different compares."""
-    GROUPS: tl.constexpr = keys.shape[0]
-    BLOCK: tl.constexpr = keys.shape[1]
-    OUTER: tl.constexpr = BLOCK >> (distance_log2 + 1)
-    INNER: tl.constexpr = 1 << distance_log2
-    key = tl.reshape(keys, [GROUPS, OUTER, 2, INNER])
-    item = tl.reshape(items, [GROUPS, OUTER, 2, INNER])
-    key_partner = _partner(key, 2)
-    item_partner = _partner(item, 2)
-    at_right = (tl.arange(0, 2) == 1)[None, None, :, None]
-    swap = tl.where(at_right, key_partner, key) > tl.where(at_right, key, key_partner)
-    keys = tl.reshape(tl.where(swap, key_partner, key), [GROUPS, BLOCK])
-    items = tl.reshape(tl.where(swap, item_partner, item), [GROUPS, BLOCK])
-    return keys, items
-
-
-@triton.jit
 def _flip_bit(t, bit: tl.constexpr):
     """t with each column c taken from column c ^ 2^bit (_partner on a reshape, which the
     compiler folds to register moves where a thread holds the row)."""
@@ -250,35 +229,44 @@ def _flip_bit(t, bit: tl.constexpr):
 
 
 @triton.jit
-def _compare_exchange_shifted(keys, items, merge_log2: tl.constexpr, distance_log2: tl.constexpr):
-    """A step of an odd-even merge after its first: within each block of 2^(merge_log2 + 1)
-    columns, column c with bit `distance_log2` set and c + 2^distance_log2 are ordered,
-    ascending. Such a pair differs not in one bit but in a run of them (c + distance carries),
-    so each column takes its partner from the flip of that run (_flip_bit, a bit after another),
-    chosen per column by constants: the compiler folds the choice, and merges the two ends'
-    compares into one, as in _compare_exchange."""
+def _merge_step(keys, items, merge_log2: tl.constexpr, distance_log2: tl.constexpr):
+    """One step of Batcher's odd-even merge of the sorted runs of 2^merge_log2 columns, ascending
+    by key, `items` moved alike. The first step (distance_log2 == merge_log2) orders every column
+    c without the distance bit and c + 2^distance_log2. Each later one orders, within each block
+    of 2^(merge_log2 + 1) columns, column c with the distance bit set and c + 2^distance_log2:
+    such a pair differs not in one bit but in a run of them (c + distance carries), so each
+    column takes its partner from the flip of that run (_flip_bit, a bit after another), chosen
+    per column by constants, which the compiler folds where a thread holds the row. Both ends of
+    a pair compute the same compare (left key > right key), which the compiler merges into one;
+    tl.sort has each end compare itself with its partner, two different compares."""
     BLOCK: tl.constexpr = keys.shape[1]
     DISTANCE: tl.constexpr = 1 << distance_log2
     SPAN: tl.constexpr = 2 << merge_log2
     local = tl.arange(0, BLOCK)[None, :] & (SPAN - 1)  # the column within its block
     units = local >> distance_log2
-    at_left = ((units & 1) == 1) & (local + DISTANCE < SPAN)
-    at_right = ((units & 1) == 0) & (local >= DISTANCE)
-    # a left end whose units end in t ones (a right end: t zeros, then a one) flips bits
-    # distance_log2 .. distance_log2 + t of its column; every end has t >= 1
-    keys_flipped = _flip_bit(_flip_bit(keys, distance_log2), distance_log2 + 1)
-    items_flipped = _flip_bit(_flip_bit(items, distance_log2), distance_log2 + 1)
-    key_partner = keys_flipped
-    item_partner = items_flipped
-    for t in tl.static_range(2, merge_log2 - distance_log2 + 1):
-        keys_flipped = _flip_bit(keys_flipped, distance_log2 + t)
-        items_flipped = _flip_bit(items_flipped, distance_log2 + t)
-        low_bits = units & ((2 << t) - 1)
-        takes_t = (at_left & (low_bits == (1 << t) - 1)) | (at_right & (low_bits == 1 << t))
-        key_partner = tl.where(takes_t, keys_flipped, key_partner)
-        item_partner = tl.where(takes_t, items_flipped, item_partner)
-    swap = tl.where(at_right, key_partner, keys) > tl.where(at_right, keys, key_partner)
-    swap = swap & (at_left | at_right)
+    key_partner = _flip_bit(keys, distance_log2)
+    item_partner = _flip_bit(items, distance_log2)
+    if distance_log2 == merge_log2:  # pairs one bit apart: every column has one
+        at_right = (units & 1) == 1
+        swap = tl.where(at_right, key_partner, keys) > tl.where(at_right, keys, key_partner)
+    else:
+        at_left = ((units & 1) == 1) & (local + DISTANCE < SPAN)
+        at_right = ((units & 1) == 0) & (local >= DISTANCE)
+        # a left end whose units end in t ones (a right end: t zeros, then a one) flips bits
+        # distance_log2 .. distance_log2 + t of its column; every end has t >= 1
+        keys_flipped = _flip_bit(key_partner, distance_log2 + 1)
+        items_flipped = _flip_bit(item_partner, distance_log2 + 1)
+        key_partner = keys_flipped
+        item_partner = items_flipped
+        for t in tl.static_range(2, merge_log2 - distance_log2 + 1):
+            keys_flipped = _flip_bit(keys_flipped, distance_log2 + t)
+            items_flipped = _flip_bit(items_flipped, distance_log2 + t)
+            low_bits = units & ((2 << t) - 1)
+            takes_t = (at_left & (low_bits == (1 << t) - 1)) | (at_right & (low_bits == 1 << t))
+            key_partner = tl.where(takes_t, keys_flipped, key_partner)
+            item_partner = tl.where(takes_t, items_flipped, item_partner)
+        swap = tl.where(at_right, key_partner, keys) > tl.where(at_right, keys, key_partner)
+        swap = swap & (at_left | at_right)
     return tl.where(swap, key_partner, keys), tl.where(swap, item_partner, items)
 
 
@@ -289,9 +277,8 @@ def _lane_sort(keys, items, LOG2_BLOCK: tl.constexpr):
     191 and 543 pairs at 8, 16, 32 and 64 columns, where a bitonic network has 24, 80, 240 and
     672. Tied keys may come out in any order (every estimator is tie-invariant in value)."""
     for merge in tl.static_range(LOG2_BLOCK):  # merge the sorted runs of 2^merge columns
-        keys, items = _compare_exchange(keys, items, merge)
-        for step in tl.static_range(1, merge + 1):
-            keys, items = _compare_exchange_shifted(keys, items, merge, merge - step)
+        for step in tl.static_range(merge + 1):
+            keys, items = _merge_step(keys, items, merge, merge - step)
     return keys, items
 
 
