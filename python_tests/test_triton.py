@@ -476,6 +476,45 @@ def test_spread_kernels_per_estimator_fit_without_a_spill():
         assert stored == loaded == 0 and registers <= generic_registers, line
 
 
+BIG_BLOCK_PROBE = """
+from bonkernels.triton import _facts, aot
+picked = {(2048, "maxk", 1), (2048, "maxk_loo", 0), (2048, "maxk_offpolicy", 1), (2048, "bon_mean", 0),
+          (4096, "maxk_offpolicy", 0), (4096, "maxk_offpolicy", 1)}
+for spec in aot.estimator_specialisations(lanes=False):
+    name = _facts.by_code(spec.constants.code).name
+    if (spec.config.block, name, spec.constants.has_bank) in picked:
+        print(spec.config.block, name, spec.constants.has_bank, spec.config.num_warps, "|",
+              aot.resource_usage(aot.compile_one(spec, 90).asm["ptx"], 90))
+"""
+# Spill loads a thread of maxk_offpolicy's own spread kernel at BLOCK = 4096 (sm_90, float32, 64
+# registers a thread), by bank mode: measured 32 from a bank and 208 without, where the tables
+# alive across the scans (the order of the code before) spilled 364 and 296.
+OFF_POLICY_4096_SPILL_LOADS = {1: 64, 0: 256}
+
+
+def test_big_spread_blocks_keep_their_registers():
+    """The largest spread blocks, where a program's threads share an SM's registers (sm_90,
+    float32): at BLOCK = 2048, 16 warps (128 registers a thread) take the own kernels that spilled
+    with 32 (64 registers a thread) without a spill, sampled; at 4096 (32 warps) maxk_offpolicy,
+    whose terms are formed before its scans (_off_policy_weights), spills within
+    OFF_POLICY_4096_SPILL_LOADS, a fraction of what it spilled with its tables alive across them."""
+    import re
+
+    result = _run(["-c", BIG_BLOCK_PROBE], {}, 600)
+    assert result.returncode == 0, _tail(result)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 6, result.stdout
+    for line in lines:
+        block, name, has_bank, warps = line.split("|")[0].split()
+        usage = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", line)
+        assert usage, line
+        loaded = int(usage.group(3))
+        if block == "2048":
+            assert warps == "16" and loaded == 0, line
+        else:
+            assert loaded <= OFF_POLICY_4096_SPILL_LOADS[int(has_bank)], line
+
+
 def test_only_a_loaded_kernel_of_the_launch_shape_is_kept():
     """PreparedLaunch keeps a kernel for direct launches only when it is loaded (a function handle:
     a real launch on a GPU) and takes one parameter per argument it will be passed."""

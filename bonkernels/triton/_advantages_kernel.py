@@ -457,12 +457,16 @@ def _clamped_deltas(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, LANES: 
 
 @triton.jit
 def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has_bank, bank_ptr,
-                        block_at, n, cols, rank, rf, kf, d, o, x, LANES: tl.constexpr):
+                        block_at, n, cols, rank, rf, kf, d, o, x, ksafe, LANES: tl.constexpr,
+                        LATE_TABLES: tl.constexpr):
     """Bagirov's first-order off-policy weights, O(n) scan form (spec 3.2), and `bad` with the
     groups whose deltas are not finite."""
     dl, bad = _clamped_deltas(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, LANES)
     dl = dl.to(tl.float64)
     below = _prefix_exclusive(dl)
+    if LATE_TABLES:  # (see OFF_POLICY_LATE_TABLES)
+        d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
+        o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
     if has_bank != 0:
         q = _bank_row(bank_ptr, block_at, 2, n, cols, valid, LANES)
     else:
@@ -470,9 +474,20 @@ def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has
     # spec 3.2's (1 + dl_j) (d_j x_j + S[o x]_j) + o_j below_j x_j + S[o dl x]_j + S[q below x]_j
     # - dl_j S[q x]_j, S[v]_j = sum_{t > j} v_t, in two scans instead of four:
     # (1 + dl_j) S[o x] - dl_j S[q x] = S[o x] + dl_j S[(o - q) x], and S is linear
-    spread = _suffix_exclusive((o * (1.0 + dl) + q * below) * x, LANES)
-    own = _suffix_exclusive((o - q) * x, LANES)
-    return ((1.0 + dl) * d + o * below) * x + spread + dl * own, bad
+    if LANES:
+        spread = _suffix_exclusive((o * (1.0 + dl) + q * below) * x, LANES)
+        own = _suffix_exclusive((o - q) * x, LANES)
+        direct = ((1.0 + dl) * d + o * below) * x
+    else:
+        # the same terms, all formed before the scans: across the scans' barriers only the terms,
+        # dl and x are alive, not d, o, q and below (at BLOCK = 4096, 64 registers a thread, those
+        # spilled 208/364 bytes). Where a thread holds the group, this order takes more registers.
+        spread_terms = (o * (1.0 + dl) + q * below) * x
+        own_terms = (o - q) * x
+        direct = ((1.0 + dl) * d + o * below) * x
+        spread = _suffix_exclusive(spread_terms, LANES)
+        own = _suffix_exclusive(own_terms, LANES)
+    return direct + spread + dl * own, bad
 
 
 @triton.jit
@@ -758,6 +773,11 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
     # 12); only for the estimators that weight by rank (the others leave them 0 and dead, which
     # keeps registers free where a thread holds a whole group). The leave-one-out estimators
     # build their tables one at a time in their own branches, so that fewer tiles are alive at once.
+    # So does maxk_offpolicy where a group is spread over threads, in its own kernel (SERIAL: also
+    # under the interpreter): after its deltas' prefix sum, which leaves fewer tiles alive across
+    # that scan (BLOCK = 2048, 16 warps: 20/20 bytes of spill without a bank, against 36/52, and 8 %
+    # fewer instructions from a bank). The same arithmetic, so the same bits, either way.
+    OFF_POLICY_LATE_TABLES: tl.constexpr = SERIAL and not LANES
     block_at = tl.full([GROUPS, 1], -1, tl.int64)
     if has_bank != 0:
         block_at = _bank_block(bank_index_ptr, n, bank_index_len)
@@ -785,7 +805,8 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
         d = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
         o = tl.zeros([GROUPS, BLOCK], dtype=tl.float64)
         if ((sorts != 0) & (code != TANG_LOO) & (code != BON_MAX_MEAN) & (code != BON_MAX_SECOND)
-                & (code != MAXK_LOO) & (code != MAXK_LOO_CENTERED) & (code != MAXK_LOO1)):
+                & (code != MAXK_LOO) & (code != MAXK_LOO_CENTERED) & (code != MAXK_LOO1)
+                & ((code != MAXK_OFFPOLICY) | (not OFF_POLICY_LATE_TABLES))):
             d = _d_table(bank_ptr, block_at, has_bank, rank, n, ksafe, cols, valid, LANES)
             o = _o_table(bank_ptr, block_at, has_bank, d, rank, n, kf, rf, cols, valid, LANES)
 
@@ -843,7 +864,7 @@ def advantages_kernel(values_ptr, deltas_ptr, offsets_ptr, out_ptr, bank_ptr, ba
             if DELTAS:  # compile-time: only in the kernels that off-policy launches use
                 result, bad = _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp,
                                                   has_bank, bank_ptr, block_at, n, cols, rank, rf, kf,
-                                                  d, o, x, LANES)
+                                                  d, o, x, ksafe, LANES, OFF_POLICY_LATE_TABLES)
         elif code == TANG_LOO:
             second = _row_sum(tl.where(cols == n - 2, x, 0.0))
             result = tl.where((cols == n - 1) & (n >= 2), xtop - second, 0.0)

@@ -203,7 +203,17 @@ def config_for_block(block: int, deltas: bool = True, lanes: bool = True,
     # at least 512 elements per program, 2-4 per thread: many warps keep the sort's code small
     # (compile time grows with the elements per thread) and give big groups enough threads
     groups = max(1, 512 // block)
-    return LaunchConfig(block, groups, min(32, max(4, groups * block // 64)), False)
+    return LaunchConfig(block, groups, min(spread_warps_cap(block), max(4, groups * block // 64)), False)
+
+
+def spread_warps_cap(block: int) -> int:
+    """The most warps of a spread program: 16 (512 threads, so 128 registers a thread) up to
+    BLOCK = 2048. There 32 warps capped a thread at 64 registers, and 7 of the 23 estimators' own
+    kernels spilled at float32 (17 at float64); with 16, 1 (3), and they issue 17-51 % fewer
+    instructions a group (sm_90, static counts), though with half the warps on an SM to hide
+    latency. BLOCK = 4096 keeps 32: with 16 a thread holds 8 samples a tile, and as many kernels
+    spill."""
+    return 32 if block >= MAX_BLOCK else 16
 
 
 def all_configs() -> list[LaunchConfig]:

@@ -27,11 +27,13 @@ at BLOCK = 4096) and keeps it (`python -m bonkernels.triton.aot --estimators` co
   spills 2.9/5.1 KB stored/loaded a thread; maxk, passk and maxk_loo1 to 64). The kernel with every estimator never takes
   lanes above 32, so the GPU check compares the kernels at 64 with float64 only.
 * A group spread over threads (small batches, larger blocks): the kernel with every estimator
-  takes 128 registers and spills at BLOCK = 64, 128 and 1024 (4/4, 12/12 and 20/36 bytes), where
+  takes 128 registers and spills at BLOCK = 128 and 1024 (8/8 and 16/24 bytes), where
   every estimator's own kernel fits without a spill up to BLOCK = 1024, in 32-128 registers
-  (sm_90, float32). At 2048 and 4096 a program has 1024 threads, so at most 64 registers a
-  thread: the kernel with every estimator spills 52/84 and 372/828 bytes there, the estimators'
-  own kernels none to 28/36 and none to 208/360 (maxk_offpolicy the most).
+  (sm_90, float32). At 2048 a program has 512 threads (_config.spread_warps_cap), 128 registers a
+  thread: the estimators' own kernels take them without a spill, but maxk_offpolicy without a
+  bank (20/20 bytes), and the kernel with every estimator spills 72/104. At 4096 a program has
+  1024 threads, so at most 64 registers a thread: the kernel with every estimator spills 380/884
+  bytes there, 13 of the 23 own kernels none to 136/208 (maxk_offpolicy the most).
 """
 
 from __future__ import annotations
