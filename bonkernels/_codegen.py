@@ -47,6 +47,7 @@ def facts(est: estimators.Estimator) -> dict:
         "centred": est.centred,
         "linear_in_tables": est.linear_in_tables,
         "native_supports": implemented_natively(est),
+        "one_pass": est.one_pass,
     }
 
 
@@ -59,6 +60,8 @@ _DOCS = {
     "centred": "Order-free from the group's mean (and spread) alone: the kernels' centred set and packs",
     "linear_in_tables": "Linear in the weight tables d, o, q: a mixture over k reads the call's bank (spec 12)",
     "native_supports": "The native kernels implement the estimator (else reference-only)",
+    "one_pass": ("From a bank, rank tables times the sorted rewards summed in one direction (the sets that "
+                 "take these calls check their lists against it at compile time)"),
 }
 
 

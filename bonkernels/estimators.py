@@ -34,7 +34,8 @@ Fields of :class:`Estimator`:
 * ``one_pass``: linear in its tables, and from a bank its weights are rank tables times the sorted
   rewards summed in one direction (maxk_offpolicy's with the deltas' prefix sum): one pass over
   the sorted group computes them. The Triton lane kernels then go through a group a column at a
-  time (the CPU pack executor's sorted packs and the CUDA kWide sets take the same calls).
+  time. The CPU pack executor's sorted packs and the CUDA kWide and kWideOffPolicy sets take
+  the same calls, and their builds fail where their lists differ from this field.
 * ``backends``: the backends that implement the estimator (the reference, ``"torch"``, implements
   every one).
 * ``spec``: the section of ``docs/spec.md`` that defines the estimator (a test checks that it is

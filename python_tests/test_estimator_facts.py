@@ -40,6 +40,8 @@ def test_facts_come_from_the_entry():
     assert f["centred"] and not _codegen.facts(estimators.get("maxk_loo"))["centred"]
     assert not _codegen.facts(estimators.get("bon_max_mean"))["centred"]  # order-free, but needs the max
     assert not _codegen.facts(estimators.get("maxk_offpolicy_exact"))["native_supports"]
+    assert _codegen.facts(estimators.get("maxk_offpolicy"))["one_pass"]
+    assert not _codegen.facts(estimators.get("maxk_loo"))["one_pass"]
 
 
 @pytest.mark.skipif(not _native.available(), reason="native extension not built")

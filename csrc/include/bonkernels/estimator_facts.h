@@ -190,4 +190,17 @@ BK_HD constexpr bool native_supports(int code) {
   }
 }
 
+// From a bank, rank tables times the sorted rewards summed in one direction (the sets that take these calls check their lists against it at compile time)
+BK_HD constexpr bool one_pass(int code) {
+  switch (code) {
+    case MAXK:
+    case MAXK_LOO1:
+    case MAXK_OFFPOLICY:
+    case PASSK:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace bk

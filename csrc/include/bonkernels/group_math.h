@@ -293,6 +293,22 @@ BK_HD constexpr int lane_code(LaneCalls calls, int code, bool has_bank) {
 
 BK_HD bool lane_takes(LaneCalls calls, int code, bool has_bank) { return lane_code(calls, code, has_bank) >= 0; }
 
+// From a bank, kWide takes grpo and the registry's one_pass estimators without deltas, and
+// kWideOffPolicy those with deltas. lane_code lists them by hand, so that its cases return
+// constants; this check stops the build where the lists and the registry part (a new one_pass
+// estimator: add it to its set, after checking that set's float arrays hold only its inputs).
+constexpr bool wide_sets_are_the_one_pass_estimators() {
+  for (int code = 0; code < NUM_CODES; ++code) {
+    const bool wide = code != GRPO && lane_code(LaneCalls::kWide, code, true) >= 0;
+    const bool wide_off_policy = lane_code(LaneCalls::kWideOffPolicy, code, true) >= 0;
+    if (wide != (one_pass(code) && !needs_deltas(code))) return false;
+    if (wide_off_policy != (one_pass(code) && needs_deltas(code))) return false;
+  }
+  return true;
+}
+static_assert(wide_sets_are_the_one_pass_estimators(),
+              "LaneCalls::kWide / kWideOffPolicy differ from the registry's one_pass estimators");
+
 // Whether a set's arrays may be float (see LaneCalls).
 BK_HD constexpr bool lane_arrays_in_float(LaneCalls calls) {
   return calls == LaneCalls::kWide || calls == LaneCalls::kCentred || calls == LaneCalls::kWideOffPolicy;

@@ -208,11 +208,24 @@ struct PackExec : LaneExec<W, Sink, kFull> {  // (kFull: groups of exactly W, th
   BK_HD void emit(int s, Pack<L> v) { this->sink(s, v); }
 };
 
-// Whether the pack executor computes this call as a linear estimator from the call's bank, on
-// groups sorted beforehand (maxk_values, maxk_loo1_values, maxk_offpolicy_values).
-BK_HD bool sorted_pack_takes(const Params& p) {
-  return (p.code == MAXK || p.code == PASSK || p.code == MAXK_LOO1 || p.code == MAXK_OFFPOLICY) && p.bank != nullptr;
+// The estimators the pack executor computes from the call's bank, on groups sorted beforehand
+// (maxk_values, maxk_loo1_values, maxk_offpolicy_values): the registry's one_pass estimators. A
+// list by hand, as each needs its own case where the packs are computed (advantages_cpu.cpp); the
+// check below stops the build where it and the registry part.
+BK_HD constexpr bool sorted_pack_code(int code) {
+  return code == MAXK || code == PASSK || code == MAXK_LOO1 || code == MAXK_OFFPOLICY;
 }
+
+constexpr bool sorted_packs_are_the_one_pass_estimators() {
+  for (int code = 0; code < NUM_CODES; ++code)
+    if (sorted_pack_code(code) != one_pass(code)) return false;
+  return true;
+}
+static_assert(sorted_packs_are_the_one_pass_estimators(),
+              "sorted_pack_code differs from the registry's one_pass estimators");
+
+// Whether the pack executor computes this call as a linear estimator from the call's bank.
+BK_HD bool sorted_pack_takes(const Params& p) { return sorted_pack_code(p.code) && p.bank != nullptr; }
 
 // Whether the pack executor computes this call (see the top of the file).
 BK_HD bool pack_takes(const Params& p) {
