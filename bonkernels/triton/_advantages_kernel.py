@@ -480,8 +480,9 @@ def _off_policy_weights(deltas_ptr, src, valid, bad, clamp_delta, has_clamp, has
         direct = ((1.0 + dl) * d + o * below) * x
     else:
         # the same terms, all formed before the scans: across the scans' barriers only the terms,
-        # dl and x are alive, not d, o, q and below (at BLOCK = 4096, 64 registers a thread, those
-        # spilled 208/364 bytes). Where a thread holds the group, this order takes more registers.
+        # dl and x are alive, not d, o, q and below (from a bank at BLOCK = 4096, 64 registers a
+        # thread: 48/52 bytes of spill, against 208/364). Where a thread holds the group, this
+        # order takes more registers.
         spread_terms = (o * (1.0 + dl) + q * below) * x
         own_terms = (o - q) * x
         direct = ((1.0 + dl) * d + o * below) * x
